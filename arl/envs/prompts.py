@@ -1,0 +1,92 @@
+"""Prompt texts around a game observation (REFERENCE.md §1 "Prompt templates used by the anchors").
+
+Shared by the env managers (which build token prompts) and by agent runners (which send the same
+messages through an OpenAI-compatible client), so both produce identical conversations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+SYSTEM_PROMPT = (
+    "You're a helpful assistant. You are a good game player. You are aiming to get high reward in "
+    "the game."
+)
+
+FORMAT_RULE = "output format is '<answer> [your answer] </answer>' with no extra text."
+
+
+def traj_user_message(
+    turn: int, observation: str, actions_left: int, max_tokens: int, instructions: str | None = None
+) -> str:
+    """User message of turn `turn` (1-based) in trajectory mode; the first carries the instructions."""
+    text = (
+        f"Turn {turn}:\nObservation:\n{observation}\n"
+        f"Strictly follow this format: 1. {FORMAT_RULE} 2. You have {actions_left} actions left. "
+        f"3. Max response length: {max_tokens} words (tokens).\nDecide the next action:"
+    )
+    return f"{instructions}\n\n{text}" if instructions else text
+
+
+def traj_messages_start(
+    observation: str, actions_left: int, max_tokens: int, instructions: str
+) -> list[dict[str, str]]:
+    """The first two messages of a trajectory-mode conversation."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": traj_user_message(1, observation, actions_left, max_tokens, instructions)},
+    ]
+
+
+def step_user_message(
+    instructions: str,
+    observation: str,
+    step: int,
+    history: Sequence[tuple[str, str, float]],
+    history_len: int,
+    actions_left: int,
+    max_tokens: int,
+) -> str:
+    """Self-contained prompt of step mode (ROLL GiGPO / verl-agent).
+
+    `history` holds every earlier step as (observation, action text, reward), valid or not (ROLL's
+    step manager lists only invalid steps, a regression we do not copy); the last `history_len`
+    entries are shown.
+    """
+    parts = [instructions, ""]
+    recent = list(history)[-history_len:] if history_len > 0 else []
+    if step > 0:
+        parts.append(
+            f"Prior to this step, you have completed {step} steps. Recent history: the last "
+            f"{len(recent)} (observation, action, reward) entries:"
+        )
+        first = step - len(recent)
+        for i, (obs, action, reward) in enumerate(recent):
+            parts.append(f"Step {first + i + 1}:\nObservation:\n{obs}\nAction: {action}\nReward: {reward:g}")
+        parts.append("")
+    parts.append(f"Your current observation is:\n{observation}")
+    parts.append(
+        f"Strictly follow this format: 1. {FORMAT_RULE} 2. You have {actions_left} actions left. "
+        f"3. Max response length: {max_tokens} words (tokens).\nDecide the next action:"
+    )
+    return "\n".join(parts)
+
+
+def step_messages(
+    instructions: str,
+    observation: str,
+    step: int,
+    history: Sequence[tuple[str, str, float]],
+    history_len: int,
+    actions_left: int,
+    max_tokens: int,
+) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {
+            "role": "user",
+            "content": step_user_message(
+                instructions, observation, step, history, history_len, actions_left, max_tokens
+            ),
+        },
+    ]

@@ -1,0 +1,151 @@
+"""Typed records of a rollout: Turn -> Trajectory -> Sample, and `collate()` into tensors.
+
+A Trajectory is what happened (the env's view); a Sample is what the trainer eats (the token
+view). Trajectory-level managers make one Sample per episode, step-level managers one per turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+
+Status = Literal["Finished", "Failed", "NoData", "Timeout"]
+
+# Why an episode ended. Normal: the game ended or its step limit hit. Abnormal: everything else;
+# abnormal episodes can be masked out of the loss (`collate(..., mask_abnormal=True)`).
+NORMAL_EXITS = frozenset({"terminated", "truncated"})
+EXIT_REASONS = NORMAL_EXITS | {
+    "max_length",  # the next prompt would no longer fit the context
+    "env_error",  # the environment raised
+    "engine_error",  # the engine failed the request
+    "timeout",  # the episode ran past its time budget
+    "agent_error",  # agent code (a runner) raised
+    "invalid_prompt",  # the engine rejected the prompt
+    "no_data",  # the agent finished without producing a single model call
+}
+
+
+@attrs.define
+class Turn:
+    """One model call and the env step it drove."""
+
+    observation: str  # raw observation the action was taken in (what state_hash hashes)
+    prompt_ids: list[int]  # the full prompt fed to the engine
+    response_ids: list[int]  # engine-generated tokens, exactly as sampled
+    response_logprobs: list[float]  # one per response token
+    reward: float = 0.0
+    action: str | None = None  # parsed action, None when invalid
+    action_valid: bool = False
+    state_hash: str | None = None
+    finish_reason: str = "stop"
+    policy_version: int = 0
+    info: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.define
+class Trajectory:
+    """One episode of one env. `group_id` is shared by every member that played the same seed."""
+
+    env_id: str
+    group_id: str
+    episode_id: int
+    seed: int
+    turns: list[Turn] = attrs.Factory(list)
+    episode_score: float = 0.0
+    success: bool = False
+    status: Status = "Finished"
+    exit_reason: str = "terminated"
+    error: str | None = None  # the exception text for abnormal exits
+    timings: dict[str, float] = attrs.Factory(dict)
+
+    @property
+    def traj_id(self) -> str:
+        return f"{self.group_id}/{self.episode_id}"
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_reason in NORMAL_EXITS
+
+
+@attrs.define
+class Sample:
+    """One training sequence. `old_logprobs` and `response_mask` align with `input_ids`."""
+
+    input_ids: list[int]
+    response_mask: list[int]  # 1 on engine-generated tokens (the loss mask), else 0
+    old_logprobs: list[float]  # engine log-probs at response positions, 0.0 elsewhere
+    score: float  # the reward this sample is credited with (episode score or step reward)
+    episode_score: float
+    step_score: float  # this step's reward (== episode_score for trajectory samples)
+    group_id: str  # members of a group played the same seed ("traj_group_id")
+    traj_id: str
+    step: int = 0  # turn index inside its trajectory (0 for trajectory samples)
+    state_hash: str | None = None
+    env_id: str = ""
+    exit_reason: str = "terminated"
+    action_valid: bool = True
+    policy_version: int = 0
+    info: dict[str, Any] = attrs.Factory(dict)
+
+    def __attrs_post_init__(self) -> None:
+        n = len(self.input_ids)
+        if len(self.response_mask) != n or len(self.old_logprobs) != n:
+            raise ValueError(
+                f"Sample fields misaligned: input_ids {n}, response_mask {len(self.response_mask)}, "
+                f"old_logprobs {len(self.old_logprobs)}"
+            )
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_reason in NORMAL_EXITS
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(self.response_mask)
+
+
+def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = False) -> dict[str, Any]:
+    """Right-pad samples into tensors.
+
+    Returns input_ids, attention_mask, position_ids, response_mask, logprobs (B, L) tensors;
+    token_scores (B, L) with each sample's score on its last response token; scores,
+    episode_scores, step_scores, steps (B,) tensors; and group_ids, traj_ids, state_hashes lists.
+    With `mask_abnormal`, samples of abnormally ended episodes get an all-zero response_mask.
+    """
+    import torch
+
+    if not samples:
+        raise ValueError("collate() needs at least one sample")
+    batch, length = len(samples), max(len(s.input_ids) for s in samples)
+    input_ids = torch.full((batch, length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, length), dtype=torch.long)
+    response_mask = torch.zeros((batch, length), dtype=torch.float32)
+    logprobs = torch.zeros((batch, length), dtype=torch.float32)
+    token_scores = torch.zeros((batch, length), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s.input_ids)
+        input_ids[i, :n] = torch.tensor(s.input_ids, dtype=torch.long)
+        attention_mask[i, :n] = 1
+        if not (mask_abnormal and not s.ok):
+            response_mask[i, :n] = torch.tensor(s.response_mask, dtype=torch.float32)
+        logprobs[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        resp = [j for j, m in enumerate(s.response_mask) if m]
+        token_scores[i, resp[-1] if resp else n - 1] = s.score
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": response_mask,
+        "logprobs": logprobs,
+        "token_scores": token_scores,
+        "scores": torch.tensor([s.score for s in samples], dtype=torch.float32),
+        "episode_scores": torch.tensor([s.episode_score for s in samples], dtype=torch.float32),
+        "step_scores": torch.tensor([s.step_score for s in samples], dtype=torch.float32),
+        "steps": torch.tensor([s.step for s in samples], dtype=torch.long),
+        "group_ids": [s.group_id for s in samples],
+        "traj_ids": [s.traj_id for s in samples],
+        "state_hashes": [s.state_hash for s in samples],
+    }
