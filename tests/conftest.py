@@ -1,0 +1,80 @@
+"""Shared fixtures: the tiny model, its tokenizer, and one session-scoped real engine per vLLM backend.
+
+Engines are loop-agnostic (each `generate()` resolves a future on the caller's running loop), so
+one engine serves every test's event loop. Async tests use anyio's pytest plugin on asyncio.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> str:
+    from arl.models import resolve_model
+
+    return resolve_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_path)
+
+
+def _close(engine) -> None:
+    import asyncio
+
+    asyncio.run(engine.close())
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_path):
+    """One in-process vLLM engine on the tiny model for the whole session."""
+    from arl.engine import make_engine
+
+    engine = make_engine(backend="vllm", model="tiny", max_model_len=2048, kv_cache_memory_bytes=128 * 2**20)
+    yield engine
+    _close(engine)
+
+
+@pytest.fixture(scope="session")
+def vllm_async_engine(tiny_path):
+    """One AsyncLLM engine (engine core in a vLLM child process) for the whole session."""
+    from arl.engine import make_engine
+
+    engine = make_engine(
+        backend="vllm-async", model="tiny", max_model_len=2048, kv_cache_memory_bytes=128 * 2**20
+    )
+    yield engine
+    _close(engine)
+
+
+@pytest.fixture(scope="session")
+def hf_engine(tiny_path):
+    from arl.engine import make_engine
+
+    engine = make_engine(backend="hf", model="tiny", max_model_len=2048)
+    yield engine
+    _close(engine)
+
+
+@pytest.fixture
+def scripted_engine(tiny_path):
+    """A fresh scripted engine (random valid answers, deterministic per prompt) on the tiny tokenizer."""
+    from arl.engine import make_engine
+
+    engine = make_engine(backend="scripted", model="tiny")
+    yield engine
+    _close(engine)
