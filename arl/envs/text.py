@@ -1,0 +1,156 @@
+"""TextEnv: an arl game behind a text interface for LLM agents (DESIGN.md §5, REFERENCE.md §1).
+
+The observation is the grid text; the action is the model's raw reply, parsed as
+``<answer>Action</answer>`` (optionally preceded by ``<think>...</think>``). An unparseable reply
+is a no-op turn that still counts against the step limit, plus ``format_penalty``
+(default: the game's ROLL trajectory-mode value, Sokoban -0.15, FrozenLake -0.01).
+
+The no-op is sent down the wrapper stack as ``step(None)``: the games treat ``None`` as a no-op,
+and passing it through gymnasium's TimeLimit is what makes the wasted turn count.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from typing import Any
+
+import gymnasium as gym
+from gymnasium import spaces
+from gymnasium.wrappers import TimeLimit
+
+# The think block may hold anything except its own closing tag (so text after a first
+# </think> cannot hide inside it); the answer holds one word, surrounded by optional whitespace.
+_ANSWER_RE = re.compile(
+    r"(?:<think>(?:(?!</think>).)*</think>\s*)?<answer>\s*([^<>\s]+)\s*</answer>",
+    re.IGNORECASE | re.DOTALL,
+)
+_ANSWER_TAG_RE = re.compile(r"<answer>", re.IGNORECASE)
+_MAX_ACTION_CHARS = 1 << 16  # Text action space bound; longer replies are still parsed (and fail)
+
+
+def parse_answer(text: Any, action_names: list[str]) -> str | None:
+    """The canonical action name in ``text``, or None when the reply is not exactly one answer.
+
+    Accepted: optional ``<think>...</think>``, then ``<answer> name </answer>``, nothing else
+    outside the tags (surrounding whitespace is stripped). Case-insensitive for tags and name.
+    """
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    match = _ANSWER_RE.fullmatch(text)
+    if match is None or len(_ANSWER_TAG_RE.findall(text)) != 1:  # two answers are one too many
+        return None
+    word = match.group(1).lower()
+    for name in action_names:
+        if name.lower() == word:
+            return name
+    return None
+
+
+def find_time_limit(env: gym.Env) -> int | None:
+    """max_episode_steps of the first TimeLimit in the wrapper stack (None when there is none)."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, TimeLimit):
+            return int(env._max_episode_steps)
+        env = env.env
+    return None
+
+
+def make_game(env: gym.Env | str, **make_kwargs: Any) -> gym.Env:
+    """An env instance as given, or ``gymnasium.make(id, **make_kwargs)`` for an id string."""
+    if isinstance(env, str):
+        from arl.envs import register_envs  # late import: arl.envs imports this module
+
+        register_envs()
+        return gym.make(env, **make_kwargs)
+    if make_kwargs:
+        raise TypeError("keyword arguments are only accepted with an env id string")
+    return env
+
+
+class TextEnv(gym.Wrapper):
+    """Text in, text out around an arl game (`SokobanEnv`, `FrozenLakeEnv`).
+
+    ``TextEnv("arl/Sokoban-v0", format_penalty=-0.1)`` or ``TextEnv(env_instance)``.
+    Info per step: ``action_valid``, ``action_effective``, ``success``, ``action`` (canonical
+    name or None), ``raw_obs`` (grid text of the new state), ``format_penalty`` (what was added),
+    ``elapsed_steps``, plus the game's own keys.
+    """
+
+    def __init__(
+        self, env: gym.Env | str, *, format_penalty: float | None = None, **make_kwargs: Any
+    ) -> None:
+        super().__init__(make_game(env, **make_kwargs))
+        game = self.env.unwrapped
+        for attr in ("grid_text", "action_names", "game_name", "symbol_legend", "description"):
+            if not hasattr(game, attr):
+                raise TypeError(f"{type(game).__name__} is not an arl game (missing {attr!r})")
+        self.action_names: list[str] = list(game.action_names)
+        self.game_name: str = game.game_name
+        self.max_steps: int | None = find_time_limit(self.env)
+        self.format_penalty = float(game.default_format_penalty if format_penalty is None else format_penalty)
+        h, w = game.observation_space.shape
+        self.observation_space = spaces.Text(
+            max_length=h * (w + 1), min_length=1, charset=frozenset(game.symbols + "\n")
+        )
+        self.action_space = spaces.Text(
+            max_length=_MAX_ACTION_CHARS, min_length=0, charset=frozenset(string.printable)
+        )
+        self.elapsed_steps = 0
+
+    # ------------------------------------------------------------------ text
+    @property
+    def instructions(self) -> str:
+        """Game description, symbol legend, available actions and the answer format."""
+        game = self.env.unwrapped
+        return (
+            f"{game.description}\n"
+            f"The meaning of each symbol in the state is:\n{game.symbol_legend()}\n"
+            f"Your available actions are:\n{', '.join(self.action_names)}\n"
+            "Answer with exactly one action per turn in the format <answer>Action</answer>, "
+            f"for example <answer>{self.action_names[0]}</answer>; you may reason first inside "
+            "<think>...</think>. Any other reply is an invalid action."
+        )
+
+    def parse_action(self, text: Any) -> str | None:
+        return parse_answer(text, self.action_names)
+
+    @property
+    def actions_left(self) -> int | None:
+        return None if self.max_steps is None else max(0, self.max_steps - self.elapsed_steps)
+
+    def grid_text(self) -> str:
+        return self.env.unwrapped.grid_text()
+
+    # ------------------------------------------------------------------ gym API
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        _obs, info = self.env.reset(seed=seed, options=options)
+        self.elapsed_steps = 0
+        text = self.grid_text()
+        return text, {**info, "raw_obs": text, "elapsed_steps": 0}
+
+    def step(self, action_text: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return self.step_action(self.parse_action(action_text))
+
+    def step_action(self, action: str | None) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """One turn with an already-parsed canonical action name; None is an invalid turn."""
+        valid = action in self.action_names
+        index = self.action_names.index(action) if valid else None
+        _obs, reward, terminated, truncated, info = self.env.step(index)
+        self.elapsed_steps += 1
+        penalty = 0.0 if valid else self.format_penalty
+        text = self.grid_text()
+        info = {
+            **info,
+            "action_valid": valid,
+            "action_effective": bool(info.get("action_effective", False)),
+            "success": bool(info.get("success", False)),
+            "action": action if valid else None,
+            "raw_obs": text,
+            "format_penalty": penalty,
+            "elapsed_steps": self.elapsed_steps,
+        }
+        return text, float(reward) + penalty, bool(terminated), bool(truncated), info
