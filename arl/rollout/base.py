@@ -1,0 +1,315 @@
+"""What every env manager shares: the episode spec, the config, and the fault boundary.
+
+An env manager turns one `EpisodeSpec` into an `Episode` (a Trajectory plus its training
+Samples). Subclasses implement `_play(spec, traj)`; `run_episode()` wraps it so that an episode
+never raises: env crashes, engine errors, rejected prompts, timeouts and agent bugs all end the
+episode with a typed `status` / `exit_reason` on its trajectory (DESIGN.md §2, "faults are
+data"). Only cancellation of the caller propagates.
+
+Also here: chat-template helpers (`chat_ids`, `bridge_ids`, `end_of_turn_ids`) used by every
+manager that builds token prompts, so all of them render conversations the same way.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import attrs
+
+from arl.engine.base import (
+    EngineError,
+    Generation,
+    InvalidPromptError,
+    PromptTooLongError,
+    SamplingParams,
+)
+from arl.rollout.records import Sample, Trajectory
+
+__all__ = [
+    "EnvError",
+    "EnvManager",
+    "Episode",
+    "EpisodeSpec",
+    "ManagerConfig",
+    "bridge_ids",
+    "chat_ids",
+    "end_of_turn_ids",
+    "request_seed",
+    "state_hash",
+]
+
+
+@attrs.frozen
+class EpisodeSpec:
+    """One episode to play. Every member of a group has the same `seed` and `group_id`."""
+
+    env_id: str  # gymnasium id, e.g. "arl/FrozenLake-v0"
+    seed: int  # env seed; equal for all members of a group
+    group_id: str  # "{tag}_{group_index}_{group_seed}", shared by the group
+    episode_id: int  # member index inside the group
+    tag: str = "train"  # "train" | "val" | user tags
+
+    @property
+    def traj_id(self) -> str:
+        return f"{self.group_id}/{self.episode_id}"
+
+
+@attrs.define
+class ManagerConfig:
+    """How a manager plays episodes (sampling, limits, prompt shape)."""
+
+    max_turns: int | None = None  # None: the env's own step limit
+    max_tokens: int = 64  # per model call
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_model_len: int | None = None  # None: engine.max_model_len
+    format_penalty: float | None = None  # None: the game's default
+    history_len: int = 2  # step mode: last h steps shown
+    episode_timeout_s: float | None = None
+    sampling_seed: int | None = 0  # None: engine RNG; else per-request seeds from request_seed()
+    env_kwargs: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.define
+class Episode:
+    trajectory: Trajectory
+    samples: list[Sample]
+
+
+class EnvError(RuntimeError):
+    """The environment raised; wraps the original exception (`__cause__`)."""
+
+
+def request_seed(config: ManagerConfig, spec: EpisodeSpec, turn: int) -> int | None:
+    """Per-request sampling seed, or None when `config.sampling_seed` is None.
+
+    A stable hash of (sampling_seed, group_id, episode_id, turn): members of a group play the
+    same env seed but must not sample the same tokens, and a rerun must reproduce them. 31 bits
+    so every backend's generator (torch, numpy) accepts it. ProxyEnvManager uses this same
+    function so proxy and traj samples match.
+    """
+    if config.sampling_seed is None:
+        return None
+    key = f"{config.sampling_seed}|{spec.group_id}|{spec.episode_id}|{turn}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") % (2**31)
+
+
+def state_hash(observation: str) -> str:
+    """GiGPO anchor-state key: sha256 hex[:16] of the RAW observation text (REFERENCE.md §2)."""
+    return hashlib.sha256(observation.encode("utf-8")).hexdigest()[:16]
+
+
+# -- chat template helpers ----------------------------------------------------------------------
+
+
+def chat_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of the chat template rendering of `messages`.
+
+    transformers 5 may return a BatchEncoding (dict-like) from `apply_chat_template(tokenize=True)`;
+    this always returns a flat list of ints.
+    """
+    out = tokenizer.apply_chat_template(
+        list(messages), tokenize=True, add_generation_prompt=add_generation_prompt
+    )
+    if hasattr(out, "keys"):  # BatchEncoding / dict
+        out = out["input_ids"]
+    if out and isinstance(out[0], list):  # batched form
+        out = out[0]
+    return [int(t) for t in out]
+
+
+_PROBE = "\x00arl-probe\x00"  # assistant content that cannot occur in a template
+
+
+def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def end_of_turn_ids(tokenizer: Any) -> list[int]:
+    """Tokens the template puts right after an assistant message's content, up to its end-of-turn.
+
+    For ChatML this is `<|im_end|>`. Found by rendering a probe assistant message and taking what
+    follows the content up to the first special token inclusive (the rest is inter-message
+    whitespace, which belongs to the bridge). Used to close a turn the engine cut at max_tokens.
+    """
+    cached = getattr(tokenizer, "_arl_end_of_turn", None)
+    if cached is not None:
+        return list(cached)
+    text = _render(tokenizer, [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}], False)
+    tail = text[text.index(_PROBE) + len(_PROBE) :]
+    ids = tokenizer.encode(tail, add_special_tokens=False)
+    special = set(tokenizer.all_special_ids)
+    cut = next((i + 1 for i, t in enumerate(ids) if t in special), None)
+    if cut is None:  # template without a special end-of-turn: fall back to EOS
+        result = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
+    else:
+        result = [int(t) for t in ids[:cut]]
+    try:
+        tokenizer._arl_end_of_turn = tuple(result)
+    except AttributeError:  # tokenizers that forbid new attributes just skip the cache
+        pass
+    return result
+
+
+def bridge_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    """Tokens the template renders after an assistant turn's end-of-turn for `messages` (the new
+    non-assistant messages) plus the generation prompt.
+
+    Rendered generically: [system?, user, assistant PROBE] vs the same + `messages`; the bridge is
+    the text after the probe's end-of-turn, tokenized without special-token insertion. For the
+    tiny ChatML template: "\\n<|im_start|>user\\n{content}<|im_end|>\\n<|im_start|>assistant\\n".
+    The model's own tokens are never part of this (no decode/re-encode of generated output).
+    """
+    head = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}]
+    full = _render(tokenizer, head + list(messages), add_generation_prompt)
+    eot_text = tokenizer.decode(end_of_turn_ids(tokenizer))
+    after = full[full.index(_PROBE) + len(_PROBE) :]
+    if eot_text and after.startswith(eot_text):
+        after = after[len(eot_text) :]
+    return [int(t) for t in tokenizer.encode(after, add_special_tokens=False)]
+
+
+# -- the manager base ---------------------------------------------------------------------------
+
+
+class EnvManager(abc.ABC):
+    """Plays episodes against an engine. Subclasses implement `_play`.
+
+    `_play` appends Turns to `traj.turns` as they complete, sets `traj.exit_reason`, and returns
+    the episode's samples. When it raises instead, `run_episode` classifies the error and asks
+    `_samples_after_error(spec, traj)` for samples of the turns completed so far (by default
+    none); those samples carry the abnormal exit_reason, so `collate(mask_abnormal=True)` masks
+    them.
+    """
+
+    mode: str = "base"
+
+    def __init__(self, engine: Any, config: ManagerConfig | None = None):
+        self.engine = engine
+        self.config = config or ManagerConfig()
+
+    # -- the fault boundary ----------------------------------------------------------------------
+    async def run_episode(self, spec: EpisodeSpec) -> Episode:
+        """Play one episode; never raises except for cancellation of the caller."""
+        traj = Trajectory(env_id=spec.env_id, group_id=spec.group_id, episode_id=spec.episode_id, seed=spec.seed)
+        traj.timings.update(total=0.0, generate=0.0, env=0.0)
+        start = time.perf_counter()
+        samples: list[Sample] = []
+        try:
+            timeout = self.config.episode_timeout_s
+            with anyio.fail_after(timeout) if timeout is not None else _null_scope():
+                samples = await self._play(spec, traj)
+        except Exception as exc:  # noqa: BLE001 -- the boundary: every failure becomes data
+            traj.status, traj.exit_reason = _classify(exc)
+            traj.error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, EnvError) and exc.__cause__ is not None:
+                cause = exc.__cause__
+                traj.error = f"{type(cause).__name__}: {cause}"
+            try:
+                samples = self._samples_after_error(spec, traj)
+            except Exception:  # noqa: BLE001 -- salvage is best effort
+                samples = []
+        traj.timings["total"] = time.perf_counter() - start
+        if not samples and traj.ok and not traj.turns:
+            traj.status, traj.exit_reason = "NoData", "no_data"
+        for s in samples:  # one source of truth for how the episode ended
+            s.exit_reason = traj.exit_reason
+        return Episode(trajectory=traj, samples=samples)
+
+    @abc.abstractmethod
+    async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]: ...
+
+    def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
+        """Samples of the turns completed before a failure (override to salvage them)."""
+        return []
+
+    # -- helpers for subclasses ------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.config.max_model_len or getattr(self.engine, "max_model_len", None)
+
+    def sampling_params(self, spec: EpisodeSpec, turn: int) -> SamplingParams:
+        c = self.config
+        return SamplingParams(
+            max_tokens=c.max_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+            seed=request_seed(c, spec, turn),
+        )
+
+    def fits(self, prompt_len: int) -> bool:
+        """Whether a prompt of this length leaves room for a full `max_tokens` response."""
+        limit = self.max_model_len
+        return limit is None or prompt_len + self.config.max_tokens <= limit
+
+    async def generate(self, traj: Trajectory, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """engine.generate, timed into traj.timings["generate"]."""
+        start = time.perf_counter()
+        try:
+            gen = await self.engine.generate(prompt_ids, params)
+        finally:
+            traj.timings["generate"] += time.perf_counter() - start
+        if isinstance(gen, list):  # n > 1 is not how managers sample
+            gen = gen[0]
+        return gen
+
+    def make_env(self, spec: EpisodeSpec, traj: Trajectory) -> Any:
+        """A fresh TextEnv for `spec` (construction errors are env errors)."""
+        from arl.envs.text import TextEnv
+
+        return self.env_call(
+            traj, TextEnv, spec.env_id, format_penalty=self.config.format_penalty, **self.config.env_kwargs
+        )
+
+    def env_call(self, traj: Trajectory, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call into the env, timed into traj.timings["env"]; its exceptions become EnvError.
+
+        Envs run synchronously on the loop: the games are microseconds per step, and a thread hop
+        would cost more than it saves.
+        """
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise EnvError(str(exc)) from exc
+        finally:
+            traj.timings["env"] += time.perf_counter() - start
+
+    def turn_limit(self, env: Any) -> int | None:
+        """config.max_turns, else the env's own step limit (None: unbounded)."""
+        limits = [x for x in (self.config.max_turns, getattr(env, "max_steps", None)) if x is not None]
+        return min(limits) if limits else None
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    """(status, exit_reason) of an exception that ended an episode."""
+    if isinstance(exc, TimeoutError):
+        return "Timeout", "timeout"
+    if isinstance(exc, EnvError):
+        return "Failed", "env_error"
+    if isinstance(exc, PromptTooLongError):
+        # The prompt outgrew the engine's context: the same end as the managers' own fit check.
+        return "Finished", "max_length"
+    if isinstance(exc, InvalidPromptError):
+        return "Failed", "invalid_prompt"
+    if isinstance(exc, EngineError):
+        return "Failed", "engine_error"
+    return "Failed", "agent_error"
+
+
+class _null_scope:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
