@@ -1,0 +1,117 @@
+"""`arl` command line: the only place that calls `asyncio.run` and decides how things are shown.
+
+    arl models [list|build NAME|path NAME]   the model zoo
+    arl chat MODEL "question"                 one chat turn through an engine (sanity check)
+    arl play ENV_ID [--seed N]                play a game in the terminal
+    arl demo                                  the README's demo (see `arl demo --help`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from arl.models import ZOO, arl_home, resolve_model
+
+    if args.action == "list":
+        print(f"model zoo (cache: {arl_home() / 'models'})")
+        for name, (desc, _) in ZOO.items():
+            print(f"  {name:<14} {desc}")
+        print("  <path>         any local Hugging Face directory; <org/name> a hub id where a hub is reachable")
+        return 0
+    if not args.name:
+        print(f"arl models {args.action}: a model name is needed", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    path = resolve_model(args.name)
+    if args.action == "build":
+        print(f"{args.name}: {path} ({time.perf_counter() - start:.1f} s)")
+    else:
+        print(path)
+    return 0
+
+
+async def _chat(args: argparse.Namespace) -> str:
+    from arl.engine import SamplingParams, make_engine
+
+    async with make_engine(backend=args.backend, model=args.model, max_model_len=args.max_model_len) as engine:
+        tok = engine.tokenizer
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": args.message}], add_generation_prompt=True, tokenize=True
+        )
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        gen = await engine.generate(ids, SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature))
+        return tok.decode(gen.token_ids, skip_special_tokens=True)
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    print(asyncio.run(_chat(args)))
+    return 0
+
+
+def _cmd_play(args: argparse.Namespace) -> int:
+    from arl.envs.play import main as play_main
+
+    return play_main([args.env_id, "--seed", str(args.seed)]) or 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from arl.demo import run_demo
+
+    return asyncio.run(run_demo(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="arl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v: info logs, -vv: debug logs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list, build or locate zoo models")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "build", "path"])
+    p.add_argument("name", nargs="?")
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("chat", help="one chat turn through an engine")
+    p.add_argument("model")
+    p.add_argument("message")
+    p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.set_defaults(func=_cmd_chat)
+
+    p = sub.add_parser("play", help="play a game in the terminal")
+    p.add_argument("env_id", nargs="?", default="arl/Sokoban-v0")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_play)
+
+    p = sub.add_parser("demo", help="the README demo")
+    from arl.demo import add_demo_args
+
+    add_demo_args(p)
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from arl.models import UnknownModelError
+
+    try:
+        return int(args.func(args) or 0)
+    except UnknownModelError as exc:
+        print(f"arl: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
