@@ -19,17 +19,26 @@ from arl.rollout.base import (
     request_seed,
     state_hash,
 )
+from arl.rollout.metrics import rollout_metrics
 from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, Sample, Trajectory, Turn, collate
+from arl.rollout.scheduler import VAL_BASE_SEED, GroupScheduler, RolloutBatch
+from arl.rollout.step import StepEnvManager
+from arl.rollout.traj import TrajEnvManager
 
 __all__ = [
     "EXIT_REASONS",
     "NORMAL_EXITS",
+    "VAL_BASE_SEED",
     "EnvError",
     "EnvManager",
     "Episode",
     "EpisodeSpec",
+    "GroupScheduler",
     "ManagerConfig",
+    "RolloutBatch",
     "Sample",
+    "StepEnvManager",
+    "TrajEnvManager",
     "Trajectory",
     "Turn",
     "bridge_ids",
@@ -37,5 +46,6 @@ __all__ = [
     "collate",
     "end_of_turn_ids",
     "request_seed",
+    "rollout_metrics",
     "state_hash",
 ]

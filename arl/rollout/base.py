@@ -28,7 +28,7 @@ from arl.engine.base import (
     PromptTooLongError,
     SamplingParams,
 )
-from arl.rollout.records import Sample, Trajectory
+from arl.rollout.records import Sample, Trajectory, Turn
 
 __all__ = [
     "EnvError",
@@ -245,7 +245,15 @@ class EnvManager(abc.ABC):
         return SamplingParams(
             max_tokens=c.max_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
             seed=request_seed(c, spec, turn),
+            # Stop at the template's end-of-turn too (it may differ from the tokenizer's EOS).
+            stop_token_ids=tuple(end_of_turn_ids(self.tokenizer)[-1:]),
         )
+
+    def close_turn(self, response_ids: list[int]) -> list[int]:
+        """End-of-turn tokens to append (masked) after a response the engine did not close itself,
+        e.g. one cut at max_tokens, so the token stream stays what the chat template renders."""
+        eot = end_of_turn_ids(self.tokenizer)
+        return [] if eot and response_ids[-len(eot) :] == eot else eot
 
     def fits(self, prompt_len: int) -> bool:
         """Whether a prompt of this length leaves room for a full `max_tokens` response."""
@@ -262,6 +270,37 @@ class EnvManager(abc.ABC):
         if isinstance(gen, list):  # n > 1 is not how managers sample
             gen = gen[0]
         return gen
+
+    async def act(
+        self, spec: EpisodeSpec, traj: Trajectory, env: Any, prompt_ids: list[int], observation: str
+    ) -> tuple[Turn, str, bool, bool]:
+        """One model call on `prompt_ids` and the env step it drives.
+
+        Records the Turn on `traj` (and its reward / success) and returns
+        (turn, next observation, terminated, truncated). The env gets the decoded reply text;
+        the Turn keeps the engine's exact tokens.
+        """
+        index = len(traj.turns)
+        gen = await self.generate(traj, prompt_ids, self.sampling_params(spec, index))
+        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        obs, reward, terminated, truncated, info = self.env_call(traj, env.step, text)
+        info = dict(info)
+        turn = Turn(
+            observation=observation,
+            prompt_ids=list(prompt_ids),
+            response_ids=list(gen.token_ids),
+            response_logprobs=list(gen.logprobs),
+            reward=float(reward),
+            action=info.get("action"),
+            action_valid=bool(info.get("action_valid", False)),
+            finish_reason=gen.finish_reason,
+            policy_version=gen.policy_version,
+            info={k: v for k, v in info.items() if k != "raw_obs"},
+        )
+        traj.turns.append(turn)
+        traj.episode_score += turn.reward
+        traj.success = bool(info.get("success", False))
+        return turn, str(info.get("raw_obs", obs)), bool(terminated), bool(truncated)
 
     def make_env(self, spec: EpisodeSpec, traj: Trajectory) -> Any:
         """A fresh TextEnv for `spec` (construction errors are env errors)."""
@@ -285,10 +324,16 @@ class EnvManager(abc.ABC):
         finally:
             traj.timings["env"] += time.perf_counter() - start
 
-    def turn_limit(self, env: Any) -> int | None:
-        """config.max_turns, else the env's own step limit (None: unbounded)."""
+    def turn_limit(self, env: Any) -> int:
+        """The smaller of config.max_turns and the env's own step limit.
+
+        Prompts tell the model how many actions it has left, so an env without a step limit
+        needs config.max_turns.
+        """
         limits = [x for x in (self.config.max_turns, getattr(env, "max_steps", None)) if x is not None]
-        return min(limits) if limits else None
+        if not limits:
+            raise ValueError("the env has no step limit: set ManagerConfig.max_turns")
+        return min(limits)
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:

@@ -1,0 +1,76 @@
+"""Rollout metrics: one flat dict of floats per batch of episodes, keys by namespace.
+
+`rollout/...` over the whole batch, `rollout/exit/<reason>` counts (every exit reason seen, so an
+abnormal end is never silent), `env/<env_id>/...` per environment, `timing/episode_...` means of
+the per-episode timings the managers record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from arl.rollout.base import Episode
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+def _std(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+
+def _summary(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
+    trajs = [e.trajectory for e in episodes]
+    turns = [t for tr in trajs for t in tr.turns]
+    scores = [tr.episode_score for tr in trajs]
+    return {
+        f"{prefix}/num_episodes": float(len(trajs)),
+        f"{prefix}/success_rate": _mean([float(tr.success) for tr in trajs]),
+        f"{prefix}/mean_episode_score": _mean(scores),
+        f"{prefix}/std_episode_score": _std(scores),
+        f"{prefix}/mean_turns": _mean([float(len(tr.turns)) for tr in trajs]),
+        f"{prefix}/valid_action_rate": _mean([float(t.action_valid) for t in turns]),
+        f"{prefix}/abnormal_rate": _mean([float(not tr.ok) for tr in trajs]),
+    }
+
+
+def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Namespaced float metrics of a batch of episodes (empty batch: counts are 0)."""
+    trajs = [e.trajectory for e in episodes]
+    turns = [t for tr in trajs for t in tr.turns]
+    samples = [s for e in episodes for s in e.samples]
+    out = _summary(episodes, "rollout")
+    out.update(
+        {
+            "rollout/num_samples": float(len(samples)),
+            "rollout/num_turns": float(len(turns)),
+            "rollout/response_tokens_mean": _mean([float(len(t.response_ids)) for t in turns]),
+            "rollout/response_tokens_max": float(max((len(t.response_ids) for t in turns), default=0)),
+            "rollout/prompt_tokens_mean": _mean([float(len(t.prompt_ids)) for t in turns]),
+            "rollout/sample_tokens_mean": _mean([float(len(s.input_ids)) for s in samples]),
+            "rollout/response_clipped_rate": _mean([float(t.finish_reason == "length") for t in turns]),
+            "rollout/action_effective_rate": _mean(
+                [float(bool(t.info.get("action_effective", False))) for t in turns]
+            ),
+        }
+    )
+    for reason, count in sorted(Counter(tr.exit_reason for tr in trajs).items()):
+        out[f"rollout/exit/{reason}"] = float(count)
+    for status, count in sorted(Counter(tr.status for tr in trajs).items()):
+        out[f"rollout/status/{status}"] = float(count)
+    by_env: dict[str, list[Episode]] = defaultdict(list)
+    for e in episodes:
+        by_env[e.trajectory.env_id].append(e)
+    for env_id, group in sorted(by_env.items()):
+        out.update(_summary(group, f"env/{env_id}"))
+    for key in ("total", "generate", "env"):
+        values = [tr.timings[key] for tr in trajs if key in tr.timings]
+        if values:
+            out[f"timing/episode_{key}_mean_s"] = _mean(values)
+    return out

@@ -1,0 +1,86 @@
+"""StepEnvManager: a fresh self-contained prompt per step, one training Sample per step.
+
+The prompt of step t is `step_messages(...)`: instructions, the last `history_len` steps
+(observation, action, reward) — every step, valid or not — and the current observation. Each
+sample is prompt + response with the loss mask on the response; its score is the step reward,
+and every sample of an episode gets the final episode score once the episode ends. `state_hash`
+hashes the RAW observation the action was taken in (not the prompt, not the history), so GiGPO
+can group equal states across the members of a group (REFERENCE.md §2-§3).
+
+Exit reasons as in TrajEnvManager; "max_length" here means a single step prompt (which grows
+only with the history window) no longer fits.
+"""
+
+from __future__ import annotations
+
+from arl.envs.prompts import step_messages
+from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids, state_hash
+from arl.rollout.records import Sample, Trajectory, Turn
+
+_MAX_HISTORY_ACTION_CHARS = 200  # an invalid reply is shown in the history, clipped
+
+
+class StepEnvManager(EnvManager):
+    mode = "step"
+
+    async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
+        c, tok = self.config, self.tokenizer
+        env = self.make_env(spec, traj)
+        obs, info = self.env_call(traj, env.reset, seed=spec.seed)
+        obs = str(info.get("raw_obs", obs))
+        limit = self.turn_limit(env)
+        history: list[tuple[str, str, float]] = []
+        traj.exit_reason = "truncated"
+        while len(traj.turns) < limit:
+            t = len(traj.turns)
+            messages = step_messages(env.instructions, obs, t, history, c.history_len, limit - t, c.max_tokens)
+            prompt = chat_ids(tok, messages)
+            if not self.fits(len(prompt)):
+                traj.exit_reason = "max_length"
+                break
+            turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs)
+            turn.state_hash = state_hash(obs)
+            history.append((obs, _history_action(tok, turn), turn.reward))
+            obs = next_obs
+            if terminated or truncated:
+                traj.exit_reason = "terminated" if terminated else "truncated"
+                break
+        return self._build_samples(spec, traj)
+
+    def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
+        return self._build_samples(spec, traj)
+
+    def _build_samples(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
+        samples = []
+        for index, turn in enumerate(traj.turns):
+            closing = self.close_turn(turn.response_ids)
+            prompt, response = turn.prompt_ids, turn.response_ids
+            samples.append(
+                Sample(
+                    input_ids=prompt + response + closing,
+                    response_mask=[0] * len(prompt) + [1] * len(response) + [0] * len(closing),
+                    old_logprobs=[0.0] * len(prompt) + list(turn.response_logprobs) + [0.0] * len(closing),
+                    score=turn.reward,
+                    episode_score=traj.episode_score,
+                    step_score=turn.reward,
+                    group_id=spec.group_id,
+                    traj_id=spec.traj_id,
+                    step=index,
+                    state_hash=turn.state_hash or state_hash(turn.observation),
+                    env_id=spec.env_id,
+                    exit_reason=traj.exit_reason,
+                    action_valid=turn.action_valid,
+                    policy_version=turn.policy_version,
+                    info={"mode": self.mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(traj.turns),
+                          "success": traj.success},
+                )
+            )
+        return samples
+
+
+def _history_action(tokenizer: object, turn: Turn) -> str:
+    """What the history shows as the action: the canonical name, or the (clipped) invalid reply."""
+    if turn.action_valid and turn.action is not None:
+        return turn.action
+    text = tokenizer.decode(turn.response_ids, skip_special_tokens=True).strip()  # type: ignore[attr-defined]
+    return text[:_MAX_HISTORY_ACTION_CHARS] or "(empty reply)"

@@ -1,0 +1,92 @@
+"""TrajEnvManager: one multi-turn conversation per episode, one training Sample per episode.
+
+The prompt of turn 1 is the chat template of `traj_messages_start(...)`. Every later prompt is
+the EXACT token stream so far (previous prompt + the engine's generated tokens, closed with the
+template's end-of-turn if the engine was cut at max_tokens) plus the bridge tokens of the next
+user message (`bridge_ids`). The model's output is never decoded and re-encoded for training, so
+the sample's input_ids equal what the chat template renders for the whole conversation
+(REFERENCE.md §2), and the loss mask covers exactly the tokens the engine sampled.
+
+Exit reasons: "terminated" (the game ended), "truncated" (the step limit: the env's TimeLimit or
+config.max_turns), "max_length" (the next prompt plus max_tokens would not fit the context).
+max_length is abnormal in records.py: `collate(mask_abnormal=True)` drops such episodes from
+the loss, by default they train like any other (their score is the partial sum of rewards).
+"""
+
+from __future__ import annotations
+
+from arl.envs.prompts import traj_messages_start, traj_user_message
+from arl.rollout.base import EnvManager, EpisodeSpec, bridge_ids, chat_ids
+from arl.rollout.records import Sample, Trajectory, Turn
+
+
+class TrajEnvManager(EnvManager):
+    mode = "traj"
+
+    async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
+        c, tok = self.config, self.tokenizer
+        env = self.make_env(spec, traj)
+        obs, info = self.env_call(traj, env.reset, seed=spec.seed)
+        obs = str(info.get("raw_obs", obs))
+        limit = self.turn_limit(env)
+        ids = chat_ids(tok, traj_messages_start(obs, limit, c.max_tokens, env.instructions))
+        traj.exit_reason = "truncated"  # unless the game ends first or the context runs out
+        while len(traj.turns) < limit:
+            if not self.fits(len(ids)):
+                traj.exit_reason = "max_length"
+                break
+            turn, obs, terminated, truncated = await self.act(spec, traj, env, ids, obs)
+            ids = ids + turn.response_ids + self.close_turn(turn.response_ids)
+            if terminated or truncated:
+                traj.exit_reason = "terminated" if terminated else "truncated"
+                break
+            n = len(traj.turns)
+            if n < limit:  # the bridge of the next user turn
+                message = traj_user_message(n + 1, obs, limit - n, c.max_tokens)
+                ids = ids + bridge_ids(tok, [{"role": "user", "content": message}])
+        return self._build_samples(spec, traj)
+
+    def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
+        return self._build_samples(spec, traj)
+
+    def _build_samples(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
+        """The episode's single sample, rebuilt from its turns (each turn's prompt extends the
+        previous turn's tokens, so the new part of each prompt is that turn's bridge)."""
+        if not traj.turns:
+            return []
+        ids: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        for turn in traj.turns:
+            _check_prefix(ids, turn)
+            bridge = turn.prompt_ids[len(ids) :]
+            closing = self.close_turn(turn.response_ids)
+            ids += bridge + turn.response_ids + closing
+            mask += [0] * len(bridge) + [1] * len(turn.response_ids) + [0] * len(closing)
+            logprobs += [0.0] * len(bridge) + list(turn.response_logprobs) + [0.0] * len(closing)
+        score = traj.episode_score
+        return [
+            Sample(
+                input_ids=ids,
+                response_mask=mask,
+                old_logprobs=logprobs,
+                score=score,
+                episode_score=score,
+                step_score=score,
+                group_id=spec.group_id,
+                traj_id=spec.traj_id,
+                step=0,
+                state_hash=None,
+                env_id=spec.env_id,
+                exit_reason=traj.exit_reason,
+                action_valid=all(t.action_valid for t in traj.turns),
+                policy_version=min(t.policy_version for t in traj.turns),
+                info={"mode": self.mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(traj.turns),
+                      "success": traj.success},
+            )
+        ]
+
+
+def _check_prefix(ids: list[int], turn: Turn) -> None:
+    if turn.prompt_ids[: len(ids)] != ids:  # a bug in the prompt builder, never expected
+        raise AssertionError("trajectory prompt does not extend the previous turn's tokens")
