@@ -230,3 +230,16 @@ def test_bad_levels_rejected():
         env.reset(options={"level": "#####\nP_XO#\n#___#\n#####"})  # open border
     with pytest.raises(ValueError):
         env.reset(options={"level": "####\n#PXO#\n####"})  # wrong shape
+
+
+def test_min_score_rejects_one_push_levels():
+    easy = SokobanEnv()
+    hard = SokobanEnv(min_score=2)
+    easy_lengths, hard_lengths = [], []
+    for seed in range(100):
+        easy.reset(seed=seed)
+        hard.reset(seed=seed)
+        easy_lengths.append(bfs_solution_length(easy.grid_text(), 10))
+        hard_lengths.append(bfs_solution_length(hard.grid_text(), 10))
+    assert 1 in easy_lengths  # the REFERENCE default keeps the easiest levels
+    assert None not in hard_lengths and min(hard_lengths) >= 2
