@@ -90,10 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_play)
 
-    p = sub.add_parser("demo", help="the README demo")
-    from arl.demo import add_demo_args
-
-    add_demo_args(p)
+    p = sub.add_parser("demo", help="the README demo: the tiny model plays FrozenLake through vLLM")
+    p.add_argument("--env", default="arl/FrozenLake-v0")
+    p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf", "scripted"])
+    p.add_argument("--groups", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=4)
     p.set_defaults(func=_cmd_demo)
     return parser
 
