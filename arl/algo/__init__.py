@@ -1,0 +1,27 @@
+"""RL algorithms: advantage estimators and the policy loss. Imports nothing of arl but itself.
+
+`advantages` is numpy-only (per-sample scalars); `loss` is torch (per-token terms).
+"""
+
+from arl.algo.advantages import (
+    discounted_returns,
+    episode_advantages,
+    gigpo,
+    grpo,
+    reinforce,
+    step_advantages,
+)
+from arl.algo.loss import entropy_from_logits, loss_normalizers, policy_loss, token_logprobs
+
+__all__ = [
+    "discounted_returns",
+    "entropy_from_logits",
+    "episode_advantages",
+    "gigpo",
+    "grpo",
+    "loss_normalizers",
+    "policy_loss",
+    "reinforce",
+    "step_advantages",
+    "token_logprobs",
+]
