@@ -301,7 +301,10 @@ def step_advantages(
     values = _floats("returns", returns)
     groups, states = _keys(group_ids), _keys(state_hashes)
     _check_lengths(returns=values, group_ids=groups, state_hashes=states)
-    anchor_keys = [(g, s) if s is not None else (_NO_STATE, row) for row, (g, s) in enumerate(zip(groups, states, strict=True))]
+    anchor_keys = [
+        (g, s) if s is not None else (_NO_STATE, row)
+        for row, (g, s) in enumerate(zip(groups, states, strict=True))
+    ]
     anchors = _group_rows(anchor_keys)
     adv = group_normalize(values, anchors, std_normalize=mode == "mean_std_norm", eps=eps)
     return adv, anchors

@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arl.algo import advantages as adv_mod
-from arl.algo.advantages import discounted_returns, episode_advantages, gigpo, grpo, reinforce, step_advantages
+from arl.algo.advantages import (
+    discounted_returns,
+    episode_advantages,
+    gigpo,
+    grpo,
+    reinforce,
+    step_advantages,
+)
 
 EPS = 1e-6
 
@@ -29,13 +36,21 @@ def test_grpo_hand_vector():
     # group a = [1, 0, 0]: mean 1/3, unbiased std sqrt(1/3); group b = [2, 4]: mean 3, std sqrt(2)
     a = grpo([1.0, 0.0, 0.0, 2.0, 4.0], ["a", "a", "a", "b", "b"])
     s_a, s_b = math.sqrt(1 / 3), math.sqrt(2)
-    expected = [(2 / 3) / (s_a + EPS), (-1 / 3) / (s_a + EPS), (-1 / 3) / (s_a + EPS), -1 / (s_b + EPS), 1 / (s_b + EPS)]
+    expected = [
+        (2 / 3) / (s_a + EPS),
+        (-1 / 3) / (s_a + EPS),
+        (-1 / 3) / (s_a + EPS),
+        -1 / (s_b + EPS),
+        1 / (s_b + EPS),
+    ]
     np.testing.assert_allclose(a, expected, rtol=1e-12)
 
 
 def test_grpo_uses_unbiased_std():
     # [0, 1]: population std 0.5 would give +-1; unbiased std sqrt(1/2) gives +-0.7071
-    np.testing.assert_allclose(grpo([0.0, 1.0], [7, 7]), [-0.5 / (math.sqrt(0.5) + EPS), 0.5 / (math.sqrt(0.5) + EPS)])
+    np.testing.assert_allclose(
+        grpo([0.0, 1.0], [7, 7]), [-0.5 / (math.sqrt(0.5) + EPS), 0.5 / (math.sqrt(0.5) + EPS)]
+    )
 
 
 def test_grpo_singleton_and_constant_groups_are_zero():
@@ -47,7 +62,9 @@ def test_grpo_singleton_and_constant_groups_are_zero():
 
 
 def test_grpo_without_std():
-    np.testing.assert_allclose(grpo([1.0, 0.0, 0.0, 5.0], ["a", "a", "a", "b"], std_normalize=False), [2 / 3, -1 / 3, -1 / 3, 0.0])
+    np.testing.assert_allclose(
+        grpo([1.0, 0.0, 0.0, 5.0], ["a", "a", "a", "b"], std_normalize=False), [2 / 3, -1 / 3, -1 / 3, 0.0]
+    )
 
 
 def test_grpo_step_rows_pool_over_rows():
@@ -152,8 +169,14 @@ def test_gigpo_step_weight():
 
 def test_gigpo_episode_term_counts_episodes_not_rows():
     # A has 3 rows (R=1), B one row (R=0): per-episode mean is 0.5, not the row-pooled 0.75
-    a, _ = gigpo([1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 1.0, 0.0], ["g"] * 4, ["A", "A", "A", "B"], [0, 1, 2, 0],
-                 ["x", "y", "z", "w"])
+    a, _ = gigpo(
+        [1.0, 1.0, 1.0, 0.0],
+        [0.0, 0.0, 1.0, 0.0],
+        ["g"] * 4,
+        ["A", "A", "A", "B"],
+        [0, 1, 2, 0],
+        ["x", "y", "z", "w"],
+    )
     np.testing.assert_allclose(a, [0.5, 0.5, 0.5, -0.5])  # all anchors singletons -> A_S = 0
 
 
@@ -175,8 +198,15 @@ def test_gigpo_singleton_groups_are_zero():
 
 def test_gigpo_constant_groups_are_zero():
     # two trajectories with the same score and the same returns from the same state
-    a, _ = gigpo([0.1] * 4, [0.1, 0.0, 0.1, 0.0], ["g"] * 4, ["A", "A", "B", "B"], [0, 1, 0, 1],
-                 ["s", "t", "s", "t"], mode="mean_std_norm")
+    a, _ = gigpo(
+        [0.1] * 4,
+        [0.1, 0.0, 0.1, 0.0],
+        ["g"] * 4,
+        ["A", "A", "B", "B"],
+        [0, 1, 0, 1],
+        ["s", "t", "s", "t"],
+        mode="mean_std_norm",
+    )
     np.testing.assert_array_equal(a, [0.0] * 4)
 
 
@@ -205,7 +235,9 @@ def test_gigpo_invalid_penalty_mean_norm():
 
 
 def test_gigpo_invalid_penalty_mean_std_norm():
-    a, _ = gigpo(**EX, gamma=0.5, mode="mean_std_norm", invalid_penalty=0.1, action_valid=[True, True, True, False])
+    a, _ = gigpo(
+        **EX, gamma=0.5, mode="mean_std_norm", invalid_penalty=0.1, action_valid=[True, True, True, False]
+    )
     s_e = math.sqrt(0.5) + EPS
     g = np.array([0.5, 0.0, -0.1])
     a_s = (g - g.mean()) / (g.std(ddof=1) + EPS)
@@ -215,8 +247,17 @@ def test_gigpo_invalid_penalty_mean_std_norm():
 
 def test_gigpo_invalid_penalty_reaches_singletons():
     # alone in its group and its state: only the penalty is left, at scale 1
-    a, _ = gigpo([0.0, 0.0], [0.0, 0.0], ["g", "g"], ["T", "T"], [0, 1], ["a", "b"], mode="mean_std_norm",
-                 invalid_penalty=0.1, action_valid=[False, True])
+    a, _ = gigpo(
+        [0.0, 0.0],
+        [0.0, 0.0],
+        ["g", "g"],
+        ["T", "T"],
+        [0, 1],
+        ["a", "b"],
+        mode="mean_std_norm",
+        invalid_penalty=0.1,
+        action_valid=[False, True],
+    )
     np.testing.assert_allclose(a, [-0.1, 0.0])
 
 
@@ -316,8 +357,14 @@ def test_gigpo_mean_norm_terms_are_zero_mean_in_their_groups(batch):
     for members in anchors:
         assert abs(a_s[members].sum()) < 1e-9
     # and gigpo is exactly their sum
-    a, _ = gigpo([r["episode_score"] for r in rows], [r["reward"] for r in rows], groups, trajs,
-                 [r["step"] for r in rows], [r["state"] for r in rows])
+    a, _ = gigpo(
+        [r["episode_score"] for r in rows],
+        [r["reward"] for r in rows],
+        groups,
+        trajs,
+        [r["step"] for r in rows],
+        [r["state"] for r in rows],
+    )
     np.testing.assert_allclose(a, a_e + a_s, atol=1e-12)
 
 
