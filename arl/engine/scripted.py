@@ -1,0 +1,167 @@
+"""Scripted backend: instant, deterministic answers without a model.
+
+Used to test env managers without a model and to measure framework overhead. Every random choice
+(which action, whether the answer is invalid, whether the request fails, the log-probs) is a pure
+function of (engine seed, request seed, prompt token ids, completion index), hashed with BLAKE2:
+the same prompt gets the same answer whatever the request order or concurrency, so two managers
+driven by the same seeds see the same samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from arl.engine.base import BaseEngine, EngineError, FinishReason, Generation, SamplingParams
+
+if TYPE_CHECKING:
+    from arl.engine import EngineConfig
+
+Mode = Literal["random_actions", "responses"]
+
+# Replies the env parsers reject: no tags, an unknown action, two answers.
+INVALID_ANSWERS = (
+    "I think I will go up",
+    "<answer>Jump</answer>",
+    "<answer>Up</answer><answer>Down</answer>",
+)
+
+# config.scripted keys -> constructor arguments (all of them, under the same names).
+OPTIONS = ("responses", "mode", "actions", "invalid_rate", "logprob", "latency_s", "fail_rate")
+
+
+class ScriptedEngine(BaseEngine):
+    """Answers from a script (`responses`) or random `<answer>{action}</answer>` replies."""
+
+    name = "scripted"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        responses: Sequence[str] | Callable[[str], str] | None = None,
+        mode: Mode = "random_actions",
+        actions: Sequence[str] = ("Up", "Down", "Left", "Right"),
+        invalid_rate: float = 0.0,
+        seed: int = 0,
+        max_model_len: int = 2048,
+        logprob: float | None = None,
+        latency_s: float = 0.0,
+        fail_rate: float = 0.0,
+    ):
+        """`responses` (a list cycled in order, or `f(prompt_text) -> str`) switches to mode
+        "responses". `logprob=None` gives hashed log-probs in [-3, 0]; a float gives that constant.
+        `latency_s` sleeps per request; `fail_rate` is the chance a request raises EngineError."""
+        if mode not in ("random_actions", "responses"):
+            raise ValueError(f"unknown scripted mode {mode!r}; expected 'random_actions' or 'responses'")
+        if responses is not None:
+            mode = "responses"
+        if mode == "responses" and responses is None:
+            raise ValueError("mode 'responses' needs `responses` (a list of strings or a callable)")
+        if isinstance(responses, str) or (
+            responses is not None and not callable(responses) and len(responses) == 0
+        ):
+            raise ValueError("responses must be a non-empty list of strings or a callable")
+        if not actions:
+            raise ValueError("actions must not be empty")
+        for name, rate in (("invalid_rate", invalid_rate), ("fail_rate", fail_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {rate}")
+        if logprob is not None and not logprob <= 0.0:
+            raise ValueError(f"logprob must be <= 0, got {logprob}")
+        if latency_s < 0:
+            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        super().__init__(tokenizer, max_model_len, len(tokenizer))
+        self.mode: Mode = mode
+        self.responses = responses if responses is None or callable(responses) else list(responses)
+        self.actions = tuple(actions)
+        self.invalid_rate = float(invalid_rate)
+        self.seed = int(seed)
+        self.logprob = logprob
+        self.latency_s = float(latency_s)
+        self.fail_rate = float(fail_rate)
+        self._cursor = itertools.count()  # position in a response list (shared by all requests)
+        self.requests = 0  # served requests (failed ones included)
+        self.weight_updates = 0
+        self.tensors_received = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> ScriptedEngine:
+        """Tokenizer of `config.model` (never its weights) + `config.scripted` options."""
+        from transformers import AutoTokenizer
+
+        from arl.models import resolve_model
+
+        unknown = sorted(set(config.scripted) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown scripted option(s) {unknown}; known: {list(OPTIONS)}")
+        options = dict(config.scripted)
+        if "actions" in options:
+            options["actions"] = tuple(options["actions"])
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.model))
+        return cls(tokenizer, seed=config.seed, max_model_len=config.max_model_len, **options)
+
+    # -- engine ------------------------------------------------------------------------------------
+    async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
+        self.requests += 1
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
+        self._check_open()  # closed while sleeping
+        if self.fail_rate > 0 and self._rng(prompt, params, "fail").random() < self.fail_rate:
+            raise EngineError("scripted engine failure (fail_rate)")
+        return [self._complete(prompt, params, i) for i in range(params.n)]
+
+    async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        self.tensors_received += sum(1 for _ in named_tensors)
+        self.weight_updates += 1
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _rng(self, prompt: list[int], params: SamplingParams, tag: str | int) -> np.random.Generator:
+        """A generator that depends on (engine seed, request seed, prompt, tag) and nothing else."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{self.seed}|{params.seed}|{tag}|".encode())
+        h.update(np.asarray(prompt, dtype=np.int64).tobytes())
+        return np.random.default_rng(int.from_bytes(h.digest(), "little"))
+
+    def response_text(self, prompt: list[int], params: SamplingParams, index: int = 0) -> str:
+        """The text completion `index` of this request answers (before tokenization/truncation)."""
+        if self.mode == "responses":
+            if callable(self.responses):
+                return str(self.responses(self.tokenizer.decode(prompt)))
+            assert self.responses is not None
+            return self.responses[next(self._cursor) % len(self.responses)]
+        rng = self._rng(prompt, params, index)
+        # Always draw both numbers, so invalid_rate does not shift which action a valid reply gets.
+        invalid, pick = rng.random(), rng.random()
+        if invalid < self.invalid_rate:
+            return INVALID_ANSWERS[int(pick * len(INVALID_ANSWERS))]
+        return f"<answer>{self.actions[int(pick * len(self.actions))]}</answer>"
+
+    def _complete(self, prompt: list[int], params: SamplingParams, index: int) -> Generation:
+        ids = list(self.tokenizer.encode(self.response_text(prompt, params, index), add_special_tokens=False))
+        stops = self.stop_ids(params)
+        eos = self.tokenizer.eos_token_id
+        if not params.ignore_eos and eos is not None:
+            ids.append(int(eos))
+        budget = self.max_new_tokens(len(prompt), params)
+        # A script that runs out without a stop token (ignore_eos) reports "length": the engine was
+        # told not to stop, it just has nothing more to say.
+        reason: FinishReason = "length"
+        for k, tok in enumerate(ids[:budget]):
+            if tok in stops:  # a stop token inside the text ends it there, as a model would
+                ids, reason = ids[: k + 1], "stop"
+                break
+        else:
+            ids = ids[:budget]
+        if self.logprob is not None:
+            lps = [float(self.logprob)] * len(ids)
+        else:
+            u = self._rng(prompt, params, f"lp{index}").random(len(ids))
+            lps = [float(math.log(0.05 + 0.95 * x)) for x in u]  # in [log 0.05, 0] ~ [-3, 0]
+        return Generation(ids, lps, reason, len(prompt), self.policy_version)
