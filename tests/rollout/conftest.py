@@ -92,3 +92,14 @@ if CRASHING_ID not in gym.registry:
 @pytest.fixture
 def fake_engine(tiny_tokenizer):
     return FakeEngine(tiny_tokenizer)
+
+
+@pytest.fixture
+def fake_engine_cls():
+    """The FakeEngine class (tests build their own variants; conftest is not importable)."""
+    return FakeEngine
+
+
+@pytest.fixture
+def crashing_env_id() -> str:
+    return CRASHING_ID

@@ -96,7 +96,7 @@ async def test_token_exact_scripted(scripted_engine, tiny_tokenizer):
         check_sample(tiny_tokenizer, "arl/Sokoban-v0", seed, episode, 48)
 
 
-async def test_token_exact_smollm2():
+async def test_token_exact_smollm2(fake_engine_cls):
     from arl.models import resolve_model
 
     try:
@@ -105,9 +105,7 @@ async def test_token_exact_smollm2():
         tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
     except Exception as exc:  # noqa: BLE001 -- any failure to obtain the model is a skip
         pytest.skip(f"smollm2-135m unavailable: {type(exc).__name__}: {exc}")
-    from tests.rollout.conftest import FakeEngine
-
-    engine = FakeEngine(tokenizer, max_model_len=8192)
+    engine = fake_engine_cls(tokenizer, max_model_len=8192)
     engine.eot = end_of_turn_ids(tokenizer)[-1]
     engine.invalid_every = 4
     manager = TrajEnvManager(engine, ManagerConfig(max_tokens=32))
