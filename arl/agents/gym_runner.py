@@ -1,0 +1,203 @@
+"""GymRunner (text actions) and ToolCallRunner (function calling): agents that play arl games.
+
+`GymRunner` sends exactly the conversation `TrajEnvManager` builds token by token (system
+prompt, first user message with the instructions, then one `traj_user_message` per turn; see
+`arl.envs.prompts`), so that intercepting its calls reproduces the manager's samples. Both
+runners are plain agent code: messages in, messages out, no tokens.
+
+Failures end the episode as data, with the rewards collected so far:
+- the env raises -> status "Failed", exit reason "env_error";
+- the model call fails -> "max_length" (status "Finished") when the server says the context is
+  full (OpenAI's error code ``context_length_exceeded``), "engine_error" for server-side
+  failures (HTTP 5xx, connection errors), "agent_error" for any other refused request.
+The errors are recognised by duck typing (``status_code``, ``code``): runners import no client.
+"""
+
+from __future__ import annotations
+
+import abc
+import traceback
+from typing import Any
+
+from arl.agents.runner import AgentRunner, ChatClient, EpisodeResult
+from arl.envs.prompts import SYSTEM_PROMPT, traj_messages_start, traj_user_message
+from arl.envs.text import TextEnv
+from arl.envs.tools import ToolEnv
+
+_INFO_KEYS = ("action", "action_valid", "action_effective", "success")
+
+
+class _Stop(Exception):
+    """Ends the episode early with (status, exit_reason, error text)."""
+
+    def __init__(self, status: str, exit_reason: str, error: str) -> None:
+        super().__init__(error)
+        self.status, self.exit_reason, self.error = status, exit_reason, error
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _model_failure(exc: Exception) -> _Stop:
+    """Classify an exception raised by ``client.chat.completions.create``."""
+    status = getattr(exc, "status_code", None)
+    code = getattr(exc, "code", None)
+    if code == "context_length_exceeded":
+        return _Stop("Finished", "max_length", _describe(exc))
+    if status is None or status >= 500:  # no HTTP status: connection / timeout errors
+        return _Stop("Failed", "engine_error", _describe(exc))
+    return _Stop("Failed", "agent_error", _describe(exc))
+
+
+class _GameRunner(AgentRunner):
+    """The turn loop shared by both runners; subclasses define the env and the messages."""
+
+    def __init__(
+        self,
+        client: ChatClient,
+        env_id: str,
+        *,
+        model: str = "arl",
+        max_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_turns: int | None = None,
+        format_penalty: float | None = None,
+        extra_body: dict[str, Any] | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(client, model)
+        self.env_id = env_id
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_turns = max_turns
+        self.format_penalty = format_penalty
+        self.extra_body = extra_body
+        self.env_kwargs = dict(env_kwargs or {})
+
+    # -- what subclasses define ------------------------------------------------------------------
+    @abc.abstractmethod
+    def make_env(self) -> Any: ...
+
+    @abc.abstractmethod
+    def first_messages(self, env: Any, observation: str, limit: int) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def assistant_message(self, message: Any) -> dict[str, Any]:
+        """The reply as a history message (also what the env's step gets, see `env_action`)."""
+
+    @abc.abstractmethod
+    def env_action(self, assistant: dict[str, Any]) -> Any: ...
+
+    @abc.abstractmethod
+    def next_messages(self, turn: int, observation: Any, limit: int) -> list[dict[str, Any]]:
+        """Messages after turn ``turn`` (1-based) given what the env's step returned."""
+
+    def request_kwargs(self, env: Any) -> dict[str, Any]:
+        return {}
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _env(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise _Stop("Failed", "env_error", _describe(exc)) from exc
+
+    async def run_job(self, seed: int) -> EpisodeResult:
+        steps: list[float] = []
+        infos: list[dict[str, Any]] = []
+        metrics: dict[str, float] = {"num_turns": 0.0, "num_invalid": 0.0}
+        info: dict[str, Any] = {}
+        try:
+            env = self._env(self.make_env)
+            observation, _ = self._env(env.reset, seed=seed)
+            limit = self._turn_limit(env.max_steps)
+            messages = self.first_messages(env, observation, limit)
+            extra = self.request_kwargs(env)
+            terminated = False
+            for turn in range(1, limit + 1):
+                try:
+                    response = await self.client.chat.completions.create(
+                        model=self.model, messages=messages, max_tokens=self.max_tokens,
+                        temperature=self.temperature, top_p=self.top_p, extra_body=self.extra_body, **extra,
+                    )
+                    reply = response.choices[0].message
+                except Exception as exc:  # noqa: BLE001 -- a failed model call ends the episode as data
+                    raise _model_failure(exc) from exc
+                assistant = self.assistant_message(reply)
+                messages.append(assistant)
+                observation, reward, terminated, truncated, info = self._env(env.step, self.env_action(assistant))
+                steps.append(float(reward))
+                infos.append({k: info[k] for k in _INFO_KEYS if k in info})
+                metrics["num_turns"] += 1
+                metrics["num_invalid"] += 0.0 if info.get("action_valid") else 1.0
+                if terminated or truncated or turn == limit:
+                    break
+                messages.extend(self.next_messages(turn, observation, limit))
+        except _Stop as stop:
+            return EpisodeResult(
+                status=stop.status, score=sum(steps), step_scores=steps, exit_reason=stop.exit_reason,
+                success=bool(info.get("success", False)), metrics=metrics, error=stop.error, step_infos=infos,
+            )
+        return EpisodeResult(
+            status="Finished", score=sum(steps), step_scores=steps,
+            exit_reason="terminated" if terminated else "truncated",
+            success=bool(info.get("success", False)), metrics=metrics, step_infos=infos,
+        )
+
+    def _turn_limit(self, env_max_steps: int | None) -> int:
+        limits = [n for n in (self.max_turns, env_max_steps) if n is not None]
+        if not limits:
+            raise _Stop("Failed", "env_error", f"{self.env_id}: the env has no step limit; set max_turns")
+        return min(limits)
+
+
+class GymRunner(_GameRunner):
+    """Plays a `TextEnv` with ``<answer>X</answer>`` replies, in the trajectory-mode conversation."""
+
+    def make_env(self) -> TextEnv:
+        return TextEnv(self.env_id, format_penalty=self.format_penalty, **self.env_kwargs)
+
+    def first_messages(self, env: TextEnv, observation: str, limit: int) -> list[dict[str, Any]]:
+        return traj_messages_start(observation, limit, self.max_tokens, env.instructions)
+
+    def assistant_message(self, message: Any) -> dict[str, Any]:
+        return {"role": "assistant", "content": message.content or ""}
+
+    def env_action(self, assistant: dict[str, Any]) -> str:
+        return assistant["content"]
+
+    def next_messages(self, turn: int, observation: str, limit: int) -> list[dict[str, Any]]:
+        text = traj_user_message(turn + 1, observation, limit - turn, self.max_tokens)
+        return [{"role": "user", "content": text}]
+
+
+class ToolCallRunner(_GameRunner):
+    """Plays a `ToolEnv`: sends ``tools=``, gives the env the assistant message with its
+    ``tool_calls``, and appends that message and the env's tool messages to the history."""
+
+    def make_env(self) -> ToolEnv:
+        return ToolEnv(self.env_id, format_penalty=self.format_penalty, **self.env_kwargs)
+
+    def first_messages(self, env: ToolEnv, observation: str, limit: int) -> list[dict[str, Any]]:
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"{env.instructions}\n\nObservation:\n{observation}"},
+        ]
+
+    def request_kwargs(self, env: ToolEnv) -> dict[str, Any]:
+        return {"tools": env.tools}
+
+    def assistant_message(self, message: Any) -> dict[str, Any]:
+        assistant: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if message.tool_calls:
+            assistant["tool_calls"] = [call.model_dump(exclude_none=True) for call in message.tool_calls]
+        return assistant
+
+    def env_action(self, assistant: dict[str, Any]) -> dict[str, Any]:
+        return assistant
+
+    def next_messages(self, turn: int, observation: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+        return list(observation)  # ToolEnv.step returns the reply messages in place of an observation

@@ -1,0 +1,144 @@
+"""PushModeRunner: the agent is a separate OS process that calls the HTTP proxy.
+
+Any program that uses the stock `openai` client works: it is started with
+
+- ``OPENAI_BASE_URL`` = the proxy's base URL and ``OPENAI_API_KEY`` = the episode's env id
+  (both read by ``openai.AsyncOpenAI()`` / ``openai.OpenAI()`` with no arguments),
+- ``ARL_SEED`` = the episode seed, ``ARL_MODEL`` = the model name to send,
+- ``ARL_RESULT_PATH`` = where to write its episode result as JSON (the fields of
+  `EpisodeResult`: ``score``, ``success``, ``step_scores``, ``status``, ``exit_reason``, ...),
+
+in its own process group. The runner waits for it; past ``timeout_s`` (or when the runner's
+task is cancelled) it kills the whole group. Outcomes, all as data:
+
+- exit 0 with a valid result -> that result;
+- past the timeout -> status "Timeout", exit reason "timeout";
+- non-zero exit, or no / malformed result -> status "Failed", exit reason "agent_error", with
+  the tail of the program's stderr in ``error``.
+
+See ``arl/agents/examples/gym_agent.py`` for such a program.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from arl.agents.runner import AgentRunner, ChatClient, EpisodeResult
+
+STDERR_TAIL = 4000  # characters of the program's stderr kept in EpisodeResult.error
+
+
+class PushModeRunner(AgentRunner):
+    """Runs ``command`` as the agent of one episode, pointed at ``client``'s server.
+
+    ``client`` is an HTTP OpenAI client (``openai.AsyncOpenAI(base_url=proxy.base_url,
+    api_key=env_id)``): the runner passes its ``base_url`` and ``api_key`` to the process and
+    never calls it itself. ``env_extra`` adds environment variables; ``cwd`` is the working dir.
+    """
+
+    def __init__(
+        self,
+        client: ChatClient,
+        command: Sequence[str],
+        *,
+        timeout_s: float,
+        env_extra: Mapping[str, str] | None = None,
+        model: str = "arl",
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(client, model)
+        if not command:
+            raise ValueError("command must not be empty")
+        base_url = str(getattr(client, "base_url", "") or "")
+        if not base_url.startswith(("http://", "https://")) or "arl.inprocess" in base_url:
+            raise ValueError(f"PushModeRunner needs an HTTP client (a ProxyServer's base_url), got {base_url!r}")
+        self.command = [str(c) for c in command]
+        self.timeout_s = float(timeout_s)
+        self.env_extra = dict(env_extra or {})
+        self.cwd = cwd
+        self.base_url = base_url.rstrip("/")
+        self.api_key = str(client.api_key)
+        self.returncode: int | None = None
+
+    async def run_job(self, seed: int) -> EpisodeResult:
+        workdir = Path(tempfile.mkdtemp(prefix="arl-agent-"))
+        result_path, stderr_path = workdir / "result.json", workdir / "stderr.txt"
+        env = {
+            **os.environ, **self.env_extra,
+            "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
+            "ARL_SEED": str(seed), "ARL_MODEL": self.model, "ARL_RESULT_PATH": str(result_path),
+        }
+        proc: asyncio.subprocess.Process | None = None
+        try:
+            with open(stderr_path, "wb") as stderr:
+                proc = await asyncio.create_subprocess_exec(
+                    *self.command, env=env, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+                )
+                try:
+                    self.returncode = await asyncio.wait_for(proc.wait(), self.timeout_s)
+                except TimeoutError:
+                    await _kill_group(proc)
+                    return EpisodeResult(
+                        status="Timeout", exit_reason="timeout",
+                        error=f"agent process ran past {self.timeout_s:g}s and was killed",
+                    )
+            return self._result(result_path, _tail(stderr_path))
+        finally:
+            if proc is not None and proc.returncode is None:  # cancelled while waiting
+                await _kill_group(proc)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _result(self, path: Path, stderr: str) -> EpisodeResult:
+        failed = EpisodeResult(status="Failed", exit_reason="agent_error")
+        try:
+            result = EpisodeResult.from_json(json.loads(path.read_text()))
+        except FileNotFoundError:
+            failed.error = f"agent exited with {self.returncode} without writing a result\n{stderr}".strip()
+            return failed
+        except (ValueError, TypeError) as exc:
+            failed.error = f"agent wrote a malformed result ({exc})\n{stderr}".strip()
+            return failed
+        if self.returncode != 0:
+            result.status, result.exit_reason = "Failed", "agent_error"
+            result.error = f"agent exited with {self.returncode}\n{stderr}".strip()
+        return result
+
+
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the agent's process group (its children too) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    with anyio.CancelScope(shield=True):  # reap it even while our task is being cancelled
+        await proc.wait()
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - STDERR_TAIL))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def write_result(result: EpisodeResult | Mapping[str, Any], path: str | os.PathLike[str] | None = None) -> None:
+    """For agent programs: write the episode result where ``ARL_RESULT_PATH`` says (atomically)."""
+    target = Path(path or os.environ["ARL_RESULT_PATH"])
+    data = result.to_json() if isinstance(result, EpisodeResult) else dict(result)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(target)
