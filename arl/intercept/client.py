@@ -1,0 +1,149 @@
+"""InProcessClient: ``client.chat.completions.create(...)`` as a plain function call.
+
+It has the call signature and the return types of the `openai` package's async client, so agent
+code written for `openai.AsyncOpenAI` runs unchanged; the request never touches a socket or JSON:
+the keyword arguments become a body dict exactly as the stock client would send it (``None`` =
+unset, ``extra_body`` merged at the top level), `parse_request` validates it (the same validator
+the HTTP proxy uses), and the handler is awaited directly.
+
+Errors: a handler's `InterceptError` (and a request that fails validation) is raised as the
+`openai` exception the stock client raises for that HTTP response (`openai.BadRequestError` for
+400, `openai.NotFoundError` for 404, `openai.APIStatusError` for 410, ...), built around a
+synthetic `httpx` response whose body is the proxy's JSON error; any other handler exception is
+raised as `openai.InternalServerError` chained to the original (``__cause__``). So agent code
+sees the same exceptions in-process and over HTTP. ``timeout=`` raises `openai.APITimeoutError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from arl.intercept.protocol import ChatRequest, InterceptError, error_body, parse_request
+
+Handler = Callable[[str, ChatRequest], Awaitable[Any]]  # (env_id, request) -> openai ChatCompletion
+
+URL = "http://arl.inprocess/v1/chat/completions"  # what the synthetic error responses point at
+
+
+def _httpx() -> Any:
+    try:  # the openai package has moved between httpx and its fork httpx2
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover - depends on the installed openai
+        import httpx
+    return httpx
+
+
+def openai_status_error(status: int, body: dict[str, Any]) -> Exception:
+    """The `openai` exception the stock client raises for an error response (status, JSON body)."""
+    import openai
+
+    httpx = _httpx()
+    response = httpx.Response(status, request=httpx.Request("POST", URL), json=body)
+    error = body.get("error", body)
+    message = f"Error code: {status}"
+    if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:
+        message += f" - {error['message']}"
+    classes: dict[int, type[openai.APIStatusError]] = {
+        400: openai.BadRequestError, 401: openai.AuthenticationError, 403: openai.PermissionDeniedError,
+        404: openai.NotFoundError, 409: openai.ConflictError, 422: openai.UnprocessableEntityError,
+        429: openai.RateLimitError,
+    }
+    cls = classes.get(status, openai.InternalServerError if status >= 500 else openai.APIStatusError)
+    return cls(message, response=response, body=error)
+
+
+def _plain(value: Any) -> Any:
+    """Pydantic models (e.g. a ChatCompletionMessage appended to the history) -> plain data,
+    as the stock client serializes them."""
+    if hasattr(value, "model_dump"):
+        return _plain(value.model_dump(exclude_unset=True, mode="json"))
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class InProcessClient:
+    """`openai.AsyncOpenAI` look-alike whose ``chat.completions.create`` awaits ``handler(env_id,
+    request)``. ``api_key`` is the env id, as it is for the HTTP proxy."""
+
+    def __init__(self, handler: Handler, env_id: str, *, model: str = "arl") -> None:
+        self.handler = handler
+        self.env_id = env_id
+        self.api_key = env_id
+        self.model = model
+        self.base_url = URL.rsplit("/chat/completions", 1)[0] + "/"
+        self.chat = _Chat(self)
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> InProcessClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _Chat:
+    def __init__(self, client: InProcessClient) -> None:
+        self.completions = _Completions(client)
+
+
+class _Completions:
+    def __init__(self, client: InProcessClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        *,
+        messages: Any,
+        model: str | None = None,
+        tools: Any = None,
+        tool_choice: Any = None,
+        max_tokens: int | None = None,
+        max_completion_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        n: int | None = None,
+        stop: str | list[str] | None = None,
+        logprobs: bool | None = None,
+        stream: bool | None = None,
+        extra_headers: Any = None,
+        extra_query: Any = None,
+        extra_body: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Same keywords as `openai.AsyncOpenAI().chat.completions.create`; returns a
+        `openai.types.chat.ChatCompletion`. Other OpenAI fields (``frequency_penalty``, ``user``,
+        ...) are accepted and passed to the handler in ``request.extra``."""
+        fields = {
+            "messages": messages, "model": model or self._client.model, "tools": tools,
+            "tool_choice": tool_choice, "max_tokens": max_tokens,
+            "max_completion_tokens": max_completion_tokens, "temperature": temperature, "top_p": top_p,
+            "seed": seed, "n": n, "stop": stop, "logprobs": logprobs, "stream": stream, **kwargs,
+        }
+        body = {k: _plain(v) for k, v in fields.items() if v is not None}
+        body.update(_plain(extra_body or {}))
+        try:
+            request = parse_request(body)
+            if timeout is not None and not (isinstance(timeout, (int, float)) and math.isinf(timeout)):
+                with anyio.fail_after(float(timeout)):
+                    return await self._client.handler(self._client.env_id, request)
+            return await self._client.handler(self._client.env_id, request)
+        except InterceptError as exc:
+            raise openai_status_error(exc.status, exc.to_json()) from exc
+        except TimeoutError as exc:
+            import openai
+
+            raise openai.APITimeoutError(_httpx().Request("POST", URL)) from exc
+        except Exception as exc:  # a handler bug: what the proxy would answer with a 500
+            body = error_body(f"handler failed: {type(exc).__name__}: {exc}", "server_error", "handler_error")
+            raise openai_status_error(500, body) from exc

@@ -1,0 +1,303 @@
+"""The OpenAI chat-completions wire format as arl's interception layer speaks it.
+
+One request record (`ChatRequest`), one validator (`parse_request`) and one response builder
+(`make_completion`), shared by the in-process client and the HTTP proxy so that both transports
+accept and reject exactly the same requests and return the same `openai` response types.
+
+Errors are `InterceptError`s carrying an HTTP status and OpenAI's error JSON shape
+(``{"error": {"message", "type", "param", "code"}}``). The HTTP server sends them as they are;
+`InProcessClient` raises the `openai` exception the stock client would raise for that response
+(`openai.BadRequestError` for 400, ...), so agent code sees the same errors on both transports.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_N = 1  # one completion per request: a tracker records one response per prompt
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+class InterceptError(Exception):
+    """A request the interception layer refuses; `status` is the HTTP status it maps to."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
+
+    def to_json(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
+
+
+class BadRequest(InterceptError):
+    status, type, code = 400, "invalid_request_error", "invalid_request"
+
+
+class ContextLengthExceeded(BadRequest):
+    """The prompt plus max_tokens does not fit the model's context (OpenAI's own code)."""
+
+    code = "context_length_exceeded"
+
+
+class Unauthorized(InterceptError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class UnknownEpisode(InterceptError):
+    status, type, code = 404, "not_found_error", "unknown_env_id"
+
+
+class EpisodeClosed(InterceptError):
+    """The request's episode has ended; nothing will be generated for it any more."""
+
+    status, type, code = 410, "episode_closed", "episode_closed"
+
+
+class PayloadTooLarge(InterceptError):
+    status, type, code = 413, "invalid_request_error", "payload_too_large"
+
+
+class EngineFailure(InterceptError):
+    """The engine failed the request (the episode ends with exit reason "engine_error")."""
+
+    status, type, code = 500, "server_error", "engine_error"
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+# -- the request ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ChatRequest:
+    """A validated chat-completions request. Messages are normalized (see `normalize_message`);
+    sampling fields are None when the agent did not set them (the handler picks defaults)."""
+
+    messages: tuple[dict[str, Any], ...]
+    model: str = "arl"
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: Any = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False)  # other fields, passed through
+
+
+def _fail(message: str, param: str | None = None) -> BadRequest:
+    return BadRequest(message, param=param)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) and math.isfinite(x)
+
+
+def _text_content(content: Any, where: str, *, allow_none: bool) -> str | None:
+    """Content as a string: a string, or a list of text parts (joined). None where allowed."""
+    if content is None:
+        if allow_none:
+            return None
+        raise _fail(f"{where}.content is required", where)
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for k, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise _fail(f"{where}.content[{k}] must be a text part {{'type': 'text', 'text': str}}", where)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _fail(f"{where}.content must be a string or a list of text parts", where)
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        raise _fail(f"{where} must be an object", where)
+    if call.get("type", "function") != "function":
+        raise _fail(f"{where}.type must be 'function'", where)
+    if not isinstance(call.get("id"), str):
+        raise _fail(f"{where}.id must be a string", where)
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise _fail(f"{where}.function must be an object with a string 'name'", where)
+    arguments = function.get("arguments", "")
+    if isinstance(arguments, dict):  # lenient: some agents send the object itself
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    if not isinstance(arguments, str):
+        raise _fail(f"{where}.function.arguments must be a JSON string", where)
+    return {"id": call["id"], "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+
+
+def normalize_message(message: Any, index: int) -> dict[str, Any]:
+    """Validate one message and return its canonical form.
+
+    Canonical: ``role``; ``content`` a string ("" for an assistant message with no content);
+    assistant ``tool_calls`` (when any) as ``{id, type, function: {name, arguments: str}}``;
+    ``tool_call_id`` on tool messages; ``name`` when given. Other keys are dropped.
+    """
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise _fail(f"{where} must be an object", where)
+    role = message.get("role")
+    if role not in ROLES:
+        raise _fail(f"{where}.role must be one of {sorted(ROLES)}, got {str(role)[:40]!r}", where)
+    out: dict[str, Any] = {"role": role}
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise _fail(f"{where}.tool_calls must be a list", where)
+        out["content"] = _text_content(message.get("content"), where, allow_none=True) or ""
+        if calls:
+            out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{k}]") for k, c in enumerate(calls)]
+    else:
+        out["content"] = _text_content(message.get("content"), where, allow_none=False)
+        if role == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise _fail(f"{where}.tool_call_id must be a string", where)
+            out["tool_call_id"] = message["tool_call_id"]
+    name = message.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise _fail(f"{where}.name must be a string", where)
+        out["name"] = name
+    return out
+
+
+def _tool(tool: Any, k: int) -> dict[str, Any]:
+    where = f"tools[{k}]"
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise _fail(f"{where} must be a function tool {{'type': 'function', 'function': {{...}}}}", where)
+    function = tool.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise _fail(f"{where}.function must be an object with a string 'name'", where)
+    if "parameters" in function and not isinstance(function["parameters"], dict):
+        raise _fail(f"{where}.function.parameters must be an object", where)
+    return {"type": "function", "function": function}
+
+
+_KNOWN = {
+    "messages", "model", "tools", "tool_choice", "max_tokens", "max_completion_tokens", "temperature",
+    "top_p", "top_k", "seed", "n", "stop", "stream", "logprobs", "top_logprobs",
+}
+
+
+def parse_request(body: Any) -> ChatRequest:
+    """Validate a chat-completions body (the JSON the stock client sends; ``extra_body`` fields
+    at the top level, ``null`` meaning unset). Raises `BadRequest` with the offending field."""
+    if not isinstance(body, dict):
+        raise _fail("the request body must be a JSON object")
+    get = body.get
+    messages = get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _fail("messages must be a non-empty list", "messages")
+    normalized = tuple(normalize_message(m, i) for i, m in enumerate(messages))
+    model = get("model") if get("model") is not None else "arl"
+    if not isinstance(model, str):
+        raise _fail("model must be a string", "model")
+    tools = get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise _fail("tools must be a list", "tools")
+        tools = tuple(_tool(t, k) for k, t in enumerate(tools)) or None
+    if get("stream"):
+        raise _fail("streaming is not supported by the arl proxy", "stream")
+    max_tokens = get("max_completion_tokens") if get("max_completion_tokens") is not None else get("max_tokens")
+    if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
+        raise _fail("max_tokens must be an integer >= 1", "max_tokens")
+    temperature, top_p, top_k, seed, n = get("temperature"), get("top_p"), get("top_k"), get("seed"), get("n")
+    if temperature is not None and not (_is_number(temperature) and 0 <= temperature <= 2):
+        raise _fail("temperature must be a number in [0, 2]", "temperature")
+    if top_p is not None and not (_is_number(top_p) and 0 < top_p <= 1):
+        raise _fail("top_p must be a number in (0, 1]", "top_p")
+    if top_k is not None and not (_is_int(top_k) and top_k >= -1):
+        raise _fail("top_k must be an integer >= -1 (0 or -1: disabled)", "top_k")
+    if seed is not None and not _is_int(seed):
+        raise _fail("seed must be an integer", "seed")
+    if n is not None and not (_is_int(n) and 1 <= n <= MAX_N):
+        raise _fail(f"n must be an integer in [1, {MAX_N}]", "n")
+    stop = get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise _fail("stop must be a string or a list of strings", "stop")
+    logprobs = get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise _fail("logprobs must be a boolean", "logprobs")
+    return ChatRequest(
+        messages=normalized, model=model, tools=tools, tool_choice=get("tool_choice"),
+        max_tokens=max_tokens, temperature=None if temperature is None else float(temperature),
+        top_p=None if top_p is None else float(top_p), top_k=None if top_k is None else max(0, top_k),
+        seed=seed, n=n or 1, stop=tuple(stop or ()), logprobs=bool(logprobs),
+        extra={k: v for k, v in body.items() if k not in _KNOWN},
+    )
+
+
+# -- the response ---------------------------------------------------------------------------------
+
+
+def make_completion(
+    *,
+    completion_id: str,
+    model: str,
+    content: str | None,
+    tool_calls: Sequence[dict[str, Any]] = (),
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    token_logprobs: Sequence[tuple[str, float]] | None = None,
+) -> Any:
+    """An `openai.types.chat.ChatCompletion` with one choice (imported lazily: openai is heavy)."""
+    from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageFunctionToolCall
+    from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+    from openai.types.chat.chat_completion_message_function_tool_call import Function
+    from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
+    from openai.types.completion_usage import CompletionUsage
+
+    calls = [
+        ChatCompletionMessageFunctionToolCall(
+            id=c["id"], type="function",
+            function=Function(name=c["function"]["name"], arguments=c["function"]["arguments"]),
+        )
+        for c in tool_calls
+    ]
+    message = ChatCompletionMessage(role="assistant", content=content, tool_calls=calls or None)
+    logprobs = None
+    if token_logprobs is not None:
+        logprobs = ChoiceLogprobs(content=[
+            ChatCompletionTokenLogprob(token=t, logprob=lp, bytes=list(t.encode()), top_logprobs=[])
+            for t, lp in token_logprobs
+        ])
+    return ChatCompletion(
+        id=completion_id, object="chat.completion", created=int(time.time()), model=model,
+        choices=[Choice(index=0, finish_reason=finish_reason, message=message, logprobs=logprobs)],
+        usage=CompletionUsage(
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        ),
+    )

@@ -1,0 +1,408 @@
+"""MessageTracker: the token view of an agent's chat-completions calls (REFERENCE.md §4).
+
+An agent sends whole message lists; the engine wants token ids, and training wants the exact
+tokens the engine sampled. The tracker bridges the two for one episode:
+
+- **Hash chain.** Message i of a request gets the key h_i = sha256(i, role, content, tool_calls,
+  tool_call_id, name, h_{i-1}); h_{-1} hashes the request's tools, so changing the tools is a
+  different conversation. A key names a message *in its context*: equal keys mean equal prefixes.
+- **Incremental tokenization.** Each key is tokenized once, the first time it is seen: message 0
+  by rendering it alone (with the tools, so a tools block or default system prompt the template
+  adds belongs to it), every later message by rendering [dummy system, dummy user, message] and
+  slicing off the rendering of the dummy pair (cached per tools). Segments are cut where the
+  chat template starts a new message, so their concatenation is the template's rendering of the
+  whole conversation (exact for templates that render each message on its own, e.g. ChatML and
+  SmolLM2's; templates that merge consecutive tool messages are not).
+- **Engine tokens.** An assistant message the engine generated is stored as the generation prompt
+  (``<|im_start|>assistant\\n``) + the engine's token ids with their log-probs + the template's
+  end-of-turn if the engine was cut at max_tokens + the inter-message separator (ChatML: "\\n").
+  When the agent sends it back, its key finds those tokens: generated output is never decoded
+  and re-encoded. An assistant message the tracker did not generate (the agent wrote or edited
+  it) is rendered like any other message, carries no log-probs, and counts in
+  ``stats["untracked_assistant"]`` (the tracker's warning; it never prints).
+- **Branches** (what a fork is; the fork tests check exactly this). Every request that got a
+  response becomes a *path*: its messages' keys plus the response's key. Requests are assigned to
+  branches in the order their responses are committed:
+
+  1. A request *continues* a branch when that branch's whole path (all its messages and its last
+     response) is a prefix of the request's path; among several such branches the longest wins,
+     then the most recently extended. The branch's path becomes the request's path.
+  2. Otherwise the request *forks*: a new branch starts whose path is the request's path. This
+     happens whenever the agent drops, edits, reorders, truncates or summarises earlier
+     messages, edits or omits the model's last response, or re-sends an old prefix (a retry).
+     Earlier branches are kept unchanged.
+
+- **Samples.** ``traj_samples()``: one per branch (``keep="all"``) or only the longest
+  (``keep="longest"``: most requests, then most tokens, then the latest). A branch sample is its
+  path's tokens, ending at its last response's end-of-turn (no trailing separator). The loss mask
+  is 1 only on engine tokens, and in ``keep="all"`` only on the responses *this* branch
+  generated: tokens a fork inherits from an earlier branch appear as context with mask 0, so no
+  generated token is trained twice. With ``keep="longest"`` every engine token on the path is
+  masked. ``step_samples()``: one per request, its full prompt + the engine's response tokens.
+  Both carry ``state_hash`` = sha256 of the request's latest observation message (the last user
+  or tool message), so equal observations get equal hashes and GiGPO works in proxy mode.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+
+from arl.intercept.protocol import BadRequest, normalize_message
+
+Keep = Literal["all", "longest"]
+
+_DUMMY = (
+    {"role": "system", "content": "arl dummy system"},
+    {"role": "user", "content": "arl dummy user"},
+)
+_PROBE = "\x00arl-probe\x00"
+
+
+class TemplateError(BadRequest):
+    """The chat template could not render the request's messages."""
+
+    code = "template_error"
+
+
+def state_hash(text: str) -> str:
+    """GiGPO anchor key of an observation text (same definition as the step manager's)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _canonical_arguments(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return arguments
+
+
+def chain_key(index: int, message: dict[str, Any], parent: str) -> str:
+    """h_i of a normalized message (tool-call arguments compared as JSON values)."""
+    calls = [
+        [c["id"], c["function"]["name"], _canonical_arguments(c["function"]["arguments"])]
+        for c in message.get("tool_calls") or ()
+    ]
+    payload = [index, message["role"], message["content"], calls, message.get("tool_call_id"),
+               message.get("name"), parent]
+    return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
+    blob = json.dumps(list(tools or ()), ensure_ascii=False)  # order kept: it is rendered
+    return hashlib.sha256(f"arl-tracker-tools|{blob}".encode()).hexdigest()
+
+
+def _for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """Tool-call arguments as objects, as HF chat templates expect (vLLM's server does the same)."""
+    if not message.get("tool_calls"):
+        return message
+    calls = []
+    for c in message["tool_calls"]:
+        try:
+            args: Any = json.loads(c["function"]["arguments"])
+        except (ValueError, RecursionError):
+            args = c["function"]["arguments"]
+        calls.append({**c, "function": {"name": c["function"]["name"], "arguments": args}})
+    return {**message, "tool_calls": calls}
+
+
+@attrs.frozen
+class _Template:
+    """What the template renders around messages, for one tokenizer and one tool list."""
+
+    prefix_text: str  # rendering of the dummy pair
+    gen_prompt_ids: tuple[int, ...]  # e.g. "<|im_start|>assistant\n"
+    end_of_turn_ids: tuple[int, ...]  # e.g. "<|im_end|>"
+    separator_ids: tuple[int, ...]  # e.g. "\n"
+
+
+def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, gen: bool, kwargs: Any) -> str:
+    return tokenizer.apply_chat_template(
+        [_for_template(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
+        add_generation_prompt=gen, **dict(kwargs),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _template(tokenizer: Any, tools_json: str, kwargs: tuple[tuple[str, Any], ...]) -> _Template:
+    tools = json.loads(tools_json)
+    encode = functools.partial(tokenizer.encode, add_special_tokens=False)
+    prefix = _render(tokenizer, _DUMMY, tools, False, kwargs)
+    with_gen = _render(tokenizer, _DUMMY, tools, True, kwargs)
+    if not with_gen.startswith(prefix):
+        raise TemplateError("chat template: the generation prompt does not extend the conversation")
+    probe = _render(tokenizer, [*_DUMMY, {"role": "assistant", "content": _PROBE}], tools, False, kwargs)
+    tail = encode(probe[probe.index(_PROBE) + len(_PROBE) :])
+    special = set(tokenizer.all_special_ids)
+    cut = next((k + 1 for k, t in enumerate(tail) if t in special), None)
+    if cut is None:  # no special end-of-turn in the template: fall back to EOS
+        eot = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        sep = tail
+    else:
+        eot, sep = tail[:cut], tail[cut:]
+    return _Template(prefix, tuple(encode(with_gen[len(prefix) :])), tuple(eot), tuple(sep))
+
+
+@attrs.define(eq=False)
+class Node:
+    """One message in context: its token segment as it appears in the conversation."""
+
+    key: str
+    index: int
+    role: str
+    ids: list[int]
+    mask: list[int]  # 1 on engine-generated tokens
+    logprobs: list[float]
+    generated: bool = False
+    separator: int = 0  # trailing inter-message tokens (dropped at the end of a sample)
+    owner: int | None = None  # branch that generated it
+    request: int | None = None  # request that generated it
+
+
+@attrs.define(eq=False)
+class Prompt:
+    """A request's messages resolved to nodes, and the prompt the engine gets."""
+
+    nodes: list[Node]
+    prompt_ids: list[int]
+    tools: list[dict[str, Any]] | None
+    root: str
+    known: int  # how many leading messages were already tracked
+    observation: str | None
+    state_hash: str | None
+
+
+@attrs.define(eq=False)
+class Request:
+    """One committed model call."""
+
+    index: int
+    prompt: Prompt
+    response: Node
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_version: int
+    closing: list[int] = attrs.Factory(list)  # end-of-turn added after a response cut at max_tokens
+    branch: int = -1
+
+
+@attrs.define(eq=False)
+class Branch:
+    id: int
+    nodes: list[Node]
+    requests: list[int]
+
+    @property
+    def keys(self) -> list[str]:
+        return [n.key for n in self.nodes]
+
+
+@attrs.frozen
+class TrackedSample:
+    """A token sequence for training; the manager adds scores and ids."""
+
+    input_ids: list[int]
+    response_mask: list[int]
+    logprobs: list[float]
+    requests: tuple[int, ...]  # the requests whose responses this sample holds
+    branch: int
+    state_hash: str | None
+    observation: str | None
+    policy_version: int
+    finish_reason: str
+
+
+class MessageTracker:
+    """Tokens, branches and samples of one episode's chat-completions calls (see module doc).
+
+    ``tools``: the default tool list for requests that send none. ``chat_template_kwargs`` go to
+    `apply_chat_template`. Use: ``prompt = tracker.prepare(messages, tools)`` -> generate on
+    ``prompt.prompt_ids`` -> ``tracker.commit(prompt, token_ids, logprobs, finish_reason, message)``.
+    """
+
+    def __init__(
+        self, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None,
+        *, chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.tools = list(tools) if tools else None
+        self._kwargs = tuple(sorted((chat_template_kwargs or {}).items()))
+        self._nodes: dict[str, Node] = {}
+        self.requests: list[Request] = []
+        self.branches: list[Branch] = []
+        self.stats: dict[str, int] = {
+            "requests": 0, "messages_reused": 0, "messages_tokenized": 0, "tokens_tokenized": 0,
+            "untracked_assistant": 0, "forks": 0,
+        }
+
+    # -- template parts --------------------------------------------------------------------------
+    def template(self, tools: Sequence[dict[str, Any]] | None = None) -> _Template:
+        tools = list(tools) if tools else self.tools
+        try:
+            return _template(self.tokenizer, json.dumps(tools or [], ensure_ascii=False), self._kwargs)
+        except TemplateError:
+            raise
+        except Exception as exc:  # jinja errors, templates that reject the dummy messages
+            raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+    @property
+    def end_of_turn_ids(self) -> list[int]:
+        return list(self.template().end_of_turn_ids)
+
+    def _segment(self, index: int, message: dict[str, Any], tools: Any, tpl: _Template) -> list[int]:
+        try:
+            if index == 0:
+                text = _render(self.tokenizer, [message], tools, False, self._kwargs)
+            else:
+                full = _render(self.tokenizer, [*_DUMMY, message], tools, False, self._kwargs)
+                if not full.startswith(tpl.prefix_text):
+                    raise TemplateError(f"chat template renders messages[{index}] into earlier messages")
+                text = full[len(tpl.prefix_text) :]
+        except TemplateError:
+            raise
+        except Exception as exc:
+            raise TemplateError(f"chat template failed on messages[{index}]: {type(exc).__name__}: {exc}") from exc
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # -- requests --------------------------------------------------------------------------------
+    def prepare(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
+        """Resolve a request's messages to nodes (tokenizing the new ones) and build its prompt.
+
+        Raises `TemplateError` (a `BadRequest`) when the template cannot render them.
+        """
+        tools = list(tools) if tools else self.tools
+        tpl = self.template(tools)
+        root = tools_key(tools)
+        key, nodes, known = root, [], None
+        observation: str | None = None
+        for i, raw in enumerate(messages):
+            message = normalize_message(raw, i)  # idempotent; cheap next to rendering
+            key = chain_key(i, message, key)
+            node = self._nodes.get(key)
+            if node is None:
+                known = i if known is None else known
+                ids = self._segment(i, message, tools, tpl)
+                node = Node(key, i, message["role"], ids, [0] * len(ids), [0.0] * len(ids))
+                self._nodes[key] = node
+                self.stats["messages_tokenized"] += 1
+                self.stats["tokens_tokenized"] += len(ids)
+                if message["role"] == "assistant":
+                    self.stats["untracked_assistant"] += 1
+            else:
+                self.stats["messages_reused"] += 1
+            if message["role"] in ("user", "tool"):
+                observation = message["content"]
+            nodes.append(node)
+        prompt_ids = [t for n in nodes for t in n.ids] + list(tpl.gen_prompt_ids)
+        return Prompt(
+            nodes=nodes, prompt_ids=prompt_ids, tools=tools, root=root, known=len(nodes) if known is None else known,
+            observation=observation, state_hash=None if observation is None else state_hash(observation),
+        )
+
+    def commit(
+        self, prompt: Prompt, token_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str,
+        message: dict[str, Any], policy_version: int = 0,
+    ) -> Request:
+        """Record the engine's response to `prompt` (``message`` is what the agent receives)."""
+        if len(token_ids) != len(logprobs):
+            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probs")
+        tpl = self.template(prompt.tools)
+        parent = prompt.nodes[-1].key if prompt.nodes else prompt.root
+        message = normalize_message(message, len(prompt.nodes))
+        key = chain_key(len(prompt.nodes), message, parent)
+        eot = list(tpl.end_of_turn_ids)
+        ids = list(token_ids)
+        close = [] if eot and ids[-len(eot) :] == eot else eot
+        head, sep = list(tpl.gen_prompt_ids), list(tpl.separator_ids)
+        node = Node(
+            key, len(prompt.nodes), "assistant",
+            ids=head + ids + close + sep,
+            mask=[0] * len(head) + [1] * len(ids) + [0] * (len(close) + len(sep)),
+            logprobs=[0.0] * len(head) + [float(x) for x in logprobs] + [0.0] * (len(close) + len(sep)),
+            generated=True, separator=len(sep), request=len(self.requests),
+        )
+        self._nodes[key] = node  # a regenerated identical message: the latest tokens answer it
+        request = Request(len(self.requests), prompt, node, ids, [float(x) for x in logprobs],
+                          finish_reason, policy_version, closing=list(close))
+        self.requests.append(request)
+        self.stats["requests"] += 1
+        self._assign(request)
+        return request
+
+    def _assign(self, request: Request) -> None:
+        path = [*request.prompt.nodes, request.response]
+        keys = [n.key for n in path]
+        best: Branch | None = None
+        for branch in self.branches:  # later branches win ties: they are the most recent
+            b = branch.keys
+            if len(b) <= len(keys) and keys[: len(b)] == b and (best is None or len(b) >= len(best.nodes)):
+                best = branch
+        if best is None:
+            best = Branch(len(self.branches), list(path), [])
+            if self.branches:
+                self.stats["forks"] += 1
+            self.branches.append(best)
+        else:
+            best.nodes.extend(path[len(best.nodes) :])
+            # most recently extended goes last, so it wins the next tie
+            self.branches.remove(best)
+            self.branches.append(best)
+        best.requests.append(request.index)
+        request.branch = best.id
+        request.response.owner = best.id
+
+    # -- samples ---------------------------------------------------------------------------------
+    def traj_samples(self, keep: Keep = "all") -> list[TrackedSample]:
+        """One sample per branch, in the order branches started (or the longest only)."""
+        branches = sorted(self.branches, key=lambda b: b.id)
+        if keep == "longest" and branches:
+            branches = [max(branches, key=lambda b: (len(b.requests), sum(len(n.ids) for n in b.nodes), b.id))]
+        elif keep not in ("all", "longest"):
+            raise ValueError(f"keep must be 'all' or 'longest', got {keep!r}")
+        out = []
+        for branch in branches:
+            ids: list[int] = []
+            mask: list[int] = []
+            logprobs: list[float] = []
+            for node in branch.nodes:
+                ids += node.ids
+                if node.generated and (keep == "longest" or node.owner == branch.id):
+                    mask += node.mask
+                    logprobs += node.logprobs
+                else:
+                    mask += [0] * len(node.ids)
+                    logprobs += [0.0] * len(node.ids)
+            cut = len(ids) - branch.nodes[-1].separator
+            last = self.requests[branch.requests[-1]]
+            out.append(TrackedSample(
+                input_ids=ids[:cut], response_mask=mask[:cut], logprobs=logprobs[:cut],
+                requests=tuple(branch.requests), branch=branch.id, state_hash=last.prompt.state_hash,
+                observation=last.prompt.observation,
+                policy_version=min(self.requests[r].policy_version for r in branch.requests),
+                finish_reason=last.finish_reason,
+            ))
+        return out
+
+    def step_samples(self) -> list[TrackedSample]:
+        """One sample per request: its full prompt + the engine's response tokens (+ the template's
+        end-of-turn, mask 0, when the engine was cut at max_tokens)."""
+        out = []
+        for r in self.requests:
+            prompt, close = r.prompt.prompt_ids, r.closing
+            out.append(TrackedSample(
+                input_ids=prompt + r.response_ids + close,
+                response_mask=[0] * len(prompt) + [1] * len(r.response_ids) + [0] * len(close),
+                logprobs=[0.0] * len(prompt) + r.logprobs + [0.0] * len(close), requests=(r.index,), branch=r.branch,
+                state_hash=r.prompt.state_hash, observation=r.prompt.observation,
+                policy_version=r.policy_version, finish_reason=r.finish_reason,
+            ))
+        return out
+
+
