@@ -384,3 +384,19 @@ def test_grpo_properties(scores, data, std_normalize):
     for g in set(groups):
         members = [i for i, x in enumerate(groups) if x == g]
         assert abs(a[members].sum()) < 1e-6 * max(1, len(members))
+
+
+def test_algo_imports_nothing_of_arl_but_itself():
+    """DESIGN §1: algo imports nothing but torch/numpy (static check; `import arl` loads envs)."""
+    import ast
+    import pathlib
+
+    for path in pathlib.Path(adv_mod.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if node.level == 0 else ["arl.algo"]
+            for name in names:
+                assert not name.startswith("arl") or name.startswith("arl.algo"), (
+                    f"{path.name} imports {name}"
+                )
