@@ -44,7 +44,7 @@ Floats = Sequence[float] | np.ndarray | Any
 Keys = Sequence[Hashable] | np.ndarray | Any
 Sized = Any  # anything with len()
 
-# Key of a row without a state hash: a fresh object per call site, so it never equals a real key.
+# Anchor key of a row without a state hash: (private sentinel, row) never equals a real key.
 _NO_STATE = object()
 
 
