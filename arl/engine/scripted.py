@@ -147,11 +147,12 @@ class ScriptedEngine(BaseEngine):
         ids = list(self.tokenizer.encode(self.response_text(prompt, params, index), add_special_tokens=False))
         stops = self.stop_ids(params)
         eos = self.tokenizer.eos_token_id
+        budget = self.max_new_tokens(len(prompt), params)
         if not params.ignore_eos and eos is not None:
             ids.append(int(eos))
-        budget = self.max_new_tokens(len(prompt), params)
-        # A script that runs out without a stop token (ignore_eos) reports "length": the engine was
-        # told not to stop, it just has nothing more to say.
+        elif ids:
+            # Told not to stop at EOS, a model keeps talking until max_tokens: repeat the script.
+            ids = (ids * (budget // len(ids) + 1))[:budget]
         reason: FinishReason = "length"
         for k, tok in enumerate(ids[:budget]):
             if tok in stops:  # a stop token inside the text ends it there, as a model would

@@ -94,8 +94,12 @@ async def test_cancelled_request_does_not_wedge(engine, prompt):
     task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=400, ignore_eos=True)))
     await asyncio.sleep(0.01)
     task.cancel()
-    with pytest.raises(asyncio.CancelledError):
+    try:  # an instant backend (scripted) may have finished already; the others are mid-request
         await task
+    except asyncio.CancelledError:
+        pass
+    if engine.name != "scripted":
+        assert task.cancelled()
     gen = await asyncio.wait_for(engine.generate(prompt, SamplingParams(max_tokens=4, seed=0)), timeout=60)
     assert gen.token_ids
 
