@@ -1,8 +1,8 @@
 """Rollout metrics: one flat dict of floats per batch of episodes, keys by namespace.
 
-`rollout/...` over the whole batch, `rollout/exit/<reason>` counts (every exit reason seen, so an
-abnormal end is never silent), `env/<env_id>/...` per environment, `timing/episode_...` means of
-the per-episode timings the managers record.
+`rollout/...` over the whole batch; `rollout/exit/<reason>` counts (every known exit reason,
+zeros included, and any other seen, so an abnormal end is never silent); `env/<env_id>/...` per
+environment; `timing/episode_..._mean_s`, means of the per-episode timings the managers record.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from arl.rollout.base import Episode
+from arl.rollout.records import EXIT_REASONS
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -60,8 +61,10 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
             ),
         }
     )
-    for reason, count in sorted(Counter(tr.exit_reason for tr in trajs).items()):
-        out[f"rollout/exit/{reason}"] = float(count)
+    # Every known reason, zeros included, so logged curves do not start and stop; plus any other.
+    exits = Counter(tr.exit_reason for tr in trajs)
+    for reason in sorted(EXIT_REASONS | set(exits)):
+        out[f"rollout/exit/{reason}"] = float(exits[reason])
     for status, count in sorted(Counter(tr.status for tr in trajs).items()):
         out[f"rollout/status/{status}"] = float(count)
     by_env: dict[str, list[Episode]] = defaultdict(list)

@@ -167,7 +167,8 @@ async def test_agent_error_and_metrics(fake_engine):
     m = rollout_metrics([episode])
     assert m["rollout/exit/agent_error"] == 1 and m["rollout/num_samples"] == 0
     assert m["env/arl/Sokoban-v0/num_episodes"] == 1
-    assert rollout_metrics([])["rollout/num_episodes"] == 0
+    empty = rollout_metrics([])
+    assert empty["rollout/num_episodes"] == 0 and empty["rollout/exit/timeout"] == 0
 
 
 async def test_timings_recorded(fake_engine):
