@@ -1,0 +1,178 @@
+"""Experiment configuration: attrs classes, loaded from YAML with dotted overrides.
+
+    cfg = load_config("configs/tiny_frozenlake_gigpo.yaml", ["optim.lr=3e-4", "algo.estimator=grpo"])
+
+Unknown keys and invalid values raise `ConfigError` naming the field (as a dotted path) and,
+for choices, the allowed values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import yaml
+from attrs import validators as v
+
+from arl.engine import BACKENDS, EngineConfig
+from arl.rollout.base import ManagerConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not describe a valid experiment."""
+
+
+def _choice(*allowed: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in allowed:
+            raise ValueError(f"{attribute.name}={value!r} is not one of {', '.join(map(repr, allowed))}")
+
+    return check
+
+
+@attrs.define
+class RolloutConfig:
+    env_id: str = "arl/FrozenLake-v0"
+    mode: str = attrs.field(default="step", validator=_choice("traj", "step"))
+    num_groups: int = attrs.field(default=8, validator=v.ge(1))
+    group_size: int = attrs.field(default=8, validator=v.ge(1))
+    max_concurrency: int = attrs.field(default=64, validator=v.ge(1))
+    mask_abnormal: bool = True  # drop abnormally ended episodes from the loss
+    manager: ManagerConfig = attrs.Factory(ManagerConfig)
+
+
+@attrs.define
+class AlgoConfig:
+    estimator: str = attrs.field(default="gigpo", validator=_choice("grpo", "gigpo", "reinforce"))
+    gamma: float = 0.95
+    step_weight: float = 1.0
+    gigpo_mode: str = attrs.field(default="mean_norm", validator=_choice("mean_norm", "mean_std_norm"))
+    invalid_penalty: float = 0.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    dual_clip: float | None = None
+    agg: str = attrs.field(default="token-mean", validator=_choice("token-mean", "seq-mean-token-mean"))
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    is_cap: float | None = 3.0  # truncated importance sampling between trainer and engine log-probs
+    is_level: str = attrs.field(default="token", validator=_choice("token", "sequence"))
+
+
+@attrs.define
+class OptimConfig:
+    lr: float = attrs.field(default=1e-4, validator=v.gt(0))
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = 1.0
+    warmup_steps: int = 0
+    schedule: str = attrs.field(default="constant", validator=_choice("constant", "cosine", "linear"))
+    micro_batch_size: int = attrs.field(default=32, validator=v.ge(1))
+    mini_batches: int = attrs.field(default=1, validator=v.ge(1))  # optimizer steps per rollout
+    epochs: int = attrs.field(default=1, validator=v.ge(1))
+
+
+@attrs.define
+class EvalConfig:
+    every: int = 5  # steps between evaluations (0: only at start and end)
+    num_seeds: int = 64  # fixed validation panel
+    temperature: float = 0.5
+    at_start: bool = True
+
+
+@attrs.define
+class SFTConfig:
+    """Answer-format warm-start on uniformly random valid actions (teaches the format, not the game)."""
+
+    steps: int = 0  # 0 disables it
+    lr: float = 1e-3
+    batch_episodes: int = 32
+    micro_batch_size: int = 32
+
+
+@attrs.define
+class TrainConfig:
+    name: str = "run"
+    seed: int = 0
+    steps: int = attrs.field(default=20, validator=v.ge(0))
+    out_dir: str = "runs"
+    save_every: int = 0  # 0: only at the end
+    keep_checkpoints: int | None = 2
+    tensorboard: bool = True
+    model: str = "tiny"
+    engine: EngineConfig = attrs.Factory(EngineConfig)
+    rollout: RolloutConfig = attrs.Factory(RolloutConfig)
+    algo: AlgoConfig = attrs.Factory(AlgoConfig)
+    optim: OptimConfig = attrs.Factory(OptimConfig)
+    eval: EvalConfig = attrs.Factory(EvalConfig)
+    sft: SFTConfig = attrs.Factory(SFTConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.name
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def _path_of(exc: BaseException) -> list[str]:
+    """Flatten cattrs' nested validation errors into 'dotted.path: message' lines."""
+    def describe(error: BaseException, type_: Any) -> str:
+        if isinstance(error, ValueError) and error.args and isinstance(error.args[0], str):
+            return error.args[0]  # attrs' and our validators name the field and the choices
+        return cattrs.v.format_exception(error, type_)
+
+    lines = cattrs.transform_error(exc, path="config", format_exception=describe)
+    return [line.replace(" @ config.", " @ ").replace(" @ config", " @ top level") for line in lines]
+
+
+def structure(data: dict[str, Any]) -> TrainConfig:
+    """Dict -> TrainConfig with errors that name the field."""
+    try:
+        return _converter.structure(data, TrainConfig)
+    except (cattrs.ClassValidationError, cattrs.ForbiddenExtraKeysError, ValueError, TypeError) as exc:
+        lines = _path_of(exc) if isinstance(exc, cattrs.BaseValidationError) else [str(exc)]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def unstructure(config: TrainConfig) -> dict[str, Any]:
+    return _converter.unstructure(config)
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides (values parsed as YAML: 1e-4, true, [1, 2], null)."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw) if raw else ""
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """YAML file (optional) + dotted overrides -> validated TrainConfig."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config {path} must be a mapping at the top level")
+        data = loaded or {}
+    config = structure(apply_overrides(data, overrides))
+    config.engine.model = config.model  # one model name drives the engine and the trainer
+    if config.engine.backend not in BACKENDS:  # pragma: no cover - validated by EngineConfig
+        raise ConfigError(f"engine.backend must be one of {BACKENDS}")
+    return config
