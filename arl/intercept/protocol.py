@@ -165,7 +165,7 @@ def normalize_message(message: Any, index: int) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise _fail(f"{where} must be an object", where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise _fail(f"{where}.role must be one of {sorted(ROLES)}, got {str(role)[:40]!r}", where)
     out: dict[str, Any] = {"role": role}
     if role == "assistant":
