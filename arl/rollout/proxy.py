@@ -280,10 +280,15 @@ class ProxyEnvManager(EnvManager):
         spec, traj, tracker = state.spec, state.traj, state.tracker
         result = state.result
         requests = list(tracker.requests)
-        aligned = result is not None and len(result.step_scores) == len(requests)
-        infos = result.step_infos if result is not None and len(result.step_infos) == len(requests) else None
-        traj.turns = [self._turn(r, result.step_scores[i] if aligned else 0.0, infos[i] if infos else None)
-                      for i, r in enumerate(requests)]
+        # A runner's steps follow its model calls one to one; the last call's step may be missing
+        # (the env crashed on it, or time ran out): that call gets reward 0.
+        n = len(requests)
+        scores = list(result.step_scores) if result is not None else []
+        aligned = n > 0 and len(scores) in (n, n - 1)
+        scores = scores + [0.0] * (n - len(scores)) if aligned else [0.0] * n
+        infos = list(result.step_infos) if result is not None else []
+        infos = infos if len(infos) in (n, n - 1) else []
+        traj.turns = [self._turn(r, scores[i], infos[i] if i < len(infos) else None) for i, r in enumerate(requests)]
         common = {"seed": spec.seed, "tag": spec.tag, "num_turns": len(requests), "success": traj.success,
                   "num_branches": len(tracker.branches), "tracker": dict(tracker.stats)}
         if self.tracker_mode == "step":
