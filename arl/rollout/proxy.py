@@ -118,6 +118,9 @@ class ProxyEnvManager(EnvManager):
         self.server = server
         self._own_server = False
         self._server_lock = anyio.Lock()
+        # One connection pool for every episode's openai client: building a client's own pool
+        # (an SSL context) costs ~20 ms, which would dominate the per-episode cost.
+        self._http_client: Any = None
         self._active: set[str] = set()
 
     # -- lifecycle (only the HTTP transport holds resources) --------------------------------------
@@ -129,8 +132,25 @@ class ProxyEnvManager(EnvManager):
                 await self.server.start()
             return self.server
 
+    async def _client_for(self, env_id: str, handler: Any) -> Any:
+        if self.transport == "inprocess":
+            return InProcessClient(handler, env_id, model=self.model_name)
+        import openai
+
+        server = await self._ensure_server()
+        server.register(env_id, handler)
+        if self._http_client is None:
+            self._http_client = openai.DefaultAsyncHttpxClient()
+        # max_retries=0: a refused call ends the episode rather than being replayed.
+        return openai.AsyncOpenAI(base_url=server.base_url, api_key=env_id, max_retries=0,
+                                  http_client=self._http_client)
+
     async def aclose(self) -> None:
-        """Stop the proxy server this manager started (a server passed in is left running)."""
+        """Close the shared HTTP connection pool and stop the proxy server this manager started
+        (a server passed in is left running)."""
+        http, self._http_client = self._http_client, None
+        if http is not None:
+            await http.aclose()
         if self._own_server and self.server is not None:
             await self.server.stop()
 
@@ -157,17 +177,8 @@ class ProxyEnvManager(EnvManager):
         _CURRENT.get().append(state)
         handler = functools.partial(self._handle, state)
         self._active.add(env_id)
-        client: Any = None
-        server: ProxyServer | None = None
         try:
-            if self.transport == "http":
-                import openai
-
-                server = await self._ensure_server()
-                server.register(env_id, handler)
-                client = openai.AsyncOpenAI(base_url=server.base_url, api_key=env_id, max_retries=0)
-            else:
-                client = InProcessClient(handler, env_id, model=self.model_name)
+            client = await self._client_for(env_id, handler)
             runner = self.runner_factory(client, spec)
             try:
                 state.result = await runner.run_job(spec.seed)
@@ -177,11 +188,8 @@ class ProxyEnvManager(EnvManager):
         finally:
             state.closed = True
             self._active.discard(env_id)
-            if server is not None:
-                server.close_episode(env_id)
-            if client is not None and self.transport == "http":
-                with anyio.CancelScope(shield=True):
-                    await client.close()
+            if self.transport == "http" and self.server is not None:
+                self.server.close_episode(env_id)
         if state.result is not None:
             self._apply_result(traj, state.result)
         if state.fault is not None:
