@@ -31,6 +31,7 @@ from typing import Any
 
 from arl.engine import SamplingParams, make_engine
 from arl.rollout import GroupScheduler, ManagerConfig, StepEnvManager, TrajEnvManager
+from arl.rollout.proxy import ProxyEnvManager
 
 RESULTS = Path(__file__).parent / "results" / "overhead.json"
 ENV_ID = "arl/Sokoban-v0"
@@ -39,6 +40,9 @@ ENV_ID = "arl/Sokoban-v0"
 MANAGERS: dict[str, Callable[[Any, ManagerConfig], Any]] = {
     "traj": TrajEnvManager,
     "step": StepEnvManager,
+    # GymRunner agents: the same episodes as "traj", through InProcessClient / the HTTP proxy
+    "proxy-inprocess": lambda engine, config: ProxyEnvManager(engine, config, transport="inprocess"),
+    "proxy-http": lambda engine, config: ProxyEnvManager(engine, config, transport="http"),
 }
 
 
