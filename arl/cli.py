@@ -60,6 +60,64 @@ def _cmd_play(args: argparse.Namespace) -> int:
     return play_main([args.env_id, "--seed", str(args.seed)]) or 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from arl.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    history = asyncio.run(_train(config, resume=args.resume))
+    evals = [row for row in history if "eval/success_rate" in row]
+    if evals:
+        first, last = evals[0], evals[-1]
+        print(f"validation success ({config.eval.num_seeds} fixed seeds, T={config.eval.temperature}): "
+              f"{first['eval/success_rate']:.1%} at step {first['step']} -> "
+              f"{last['eval/success_rate']:.1%} at step {last['step']}")
+    print(f"run directory: {config.run_dir} (metrics.jsonl, tb/, learning_curve.png, checkpoints)")
+    return 0
+
+
+async def _train(config, resume: bool) -> list[dict]:
+    from tqdm import tqdm
+
+    from arl.train import Trainer
+
+    async with Trainer(config) as trainer:
+        await trainer.setup(resume=resume)
+        bar = tqdm(total=config.steps, initial=trainer.step_count, desc=config.name, unit="step")
+
+        def progress(step: int, m: dict) -> None:
+            shown = {"succ": m.get("rollout/success_rate"), "valid": m.get("rollout/valid_action_rate"),
+                     "eval": m.get("eval/success_rate"), "s/step": m.get("timing/step_s")}
+            bar.set_postfix({k: f"{v:.2f}" for k, v in shown.items() if v is not None}, refresh=False)
+            bar.update(1)
+            if "eval/success_rate" in m:
+                bar.write(f"step {step}: eval success {m['eval/success_rate']:.1%}, "
+                          f"valid actions {m.get('eval/valid_action_rate', float('nan')):.1%}")
+
+        history = await trainer.train(resume=resume, progress=progress)
+        bar.close()
+        return history
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    metrics = asyncio.run(_eval(args))
+    for key in sorted(metrics):
+        print(f"{key:<28} {metrics[key]:.3f}")
+    return 0
+
+
+async def _eval(args: argparse.Namespace) -> dict:
+    from arl.engine import make_engine
+    from arl.rollout import GroupScheduler, ManagerConfig, StepEnvManager, TrajEnvManager
+    from arl.train import evaluation_metrics
+
+    manager_cls = {"traj": TrajEnvManager, "step": StepEnvManager}[args.mode]
+    config = ManagerConfig(max_tokens=args.max_tokens, temperature=args.temperature, history_len=args.history_len)
+    async with make_engine(backend=args.backend, model=args.model) as engine:
+        groups = GroupScheduler(args.env, num_groups=1, group_size=1)
+        batch = await groups.run(manager_cls(engine, config), groups.val_specs(num_seeds=args.num_seeds))
+    return evaluation_metrics(batch.metrics)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from arl.demo import run_demo
 
@@ -90,6 +148,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_play)
 
+    p = sub.add_parser("train", help="train from a YAML config: arl train CONFIG [dotted.key=value ...]")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="e.g. optim.lr=3e-4 algo.estimator=grpo")
+    p.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="a model on a game's validation panel: success, valid actions, turns")
+    p.add_argument("model", help="zoo name, local HF directory or a run checkpoint (runs/NAME/ckpt_...)")
+    p.add_argument("--env", default="arl/FrozenLake-v0")
+    p.add_argument("--mode", default="step", choices=["traj", "step"])
+    p.add_argument("--num-seeds", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.5)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--history-len", type=int, default=0)
+    p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
+    p.set_defaults(func=_cmd_eval)
+
     p = sub.add_parser("demo", help="the README demo: the tiny model plays FrozenLake through vLLM")
     p.add_argument("--env", default="arl/FrozenLake-v0")
     p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf", "scripted"])
@@ -103,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from arl.config import ConfigError
     from arl.models import UnknownModelError
 
     try:
         return int(args.func(args) or 0)
-    except UnknownModelError as exc:
+    except (UnknownModelError, ConfigError) as exc:
         print(f"arl: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -58,12 +58,15 @@ CHATML_TEMPLATE = (
 )
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Single tokens for everything a game turn is made of, so the tiny model sees one token per cell.
+# Single tokens for the answer and tool-call tags, the action words and the one multi-byte grid
+# symbol; the pre-tokenizer below keeps every other grid symbol a token of its own.
 GAME_TOKENS = [
-    "\n", "#", "_", "O", "√", "X", "P", "S", "G", "W", ".", "C", "B", "A", "@",
-    "Up", "Down", "Left", "Right", "<answer>", "</answer>", "<think>", "</think>",
+    "√", "Up", "Down", "Left", "Right", "<answer>", "</answer>", "<think>", "</think>",
     "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
 ]
+# A grid cell is one token: grid letters standing alone (not inside a word such as "Observation")
+# and the punctuation symbols are split off before byte-level BPE, so BPE cannot merge "OO" or "__".
+GRID_SPLIT = r"(?<![a-z])[OXPSGWCBA](?![a-z])|[#_.@\n]"
 
 
 @attrs.frozen
@@ -81,7 +84,7 @@ class TinySpec:
     init_std: float = 0.1  # large enough that greedy argmax is not a near-tie
 
     def key(self) -> str:
-        blob = json.dumps(attrs.asdict(self), sort_keys=True) + "|v3"
+        blob = json.dumps(attrs.asdict(self), sort_keys=True) + "|v4"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -94,42 +97,38 @@ def arl_home() -> Path:
 
 
 def _tokenizer_corpus(seed: int) -> list[str]:
-    """Deterministic training text: game grids, prompts and answers the tiny model will see."""
+    """Deterministic training text: the real prompts of every game in both prompt modes."""
     import numpy as np
 
+    from arl.envs import ENV_SPECS, TextEnv
+    from arl.envs.prompts import SYSTEM_PROMPT, step_user_message, traj_user_message
+
     rng = np.random.default_rng(seed)
-    words = (
-        "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to "
-        "targets. When you are right next to a box, you can push it by moving in the same direction. "
-        "You cannot push a box through a wall, and you cannot pull a box. You are walking on a frozen "
-        "lake. Reach the goal without falling into a hole. The ice may be slippery. Symbols: wall, "
-        "empty, target, box on target, box, player, player on target, frozen, hole, goal. Available "
-        "actions: Up, Down, Left, Right. You're a helpful assistant. You are a good game player. You "
-        "are aiming to get high reward in the game. Turn Observation: Strictly follow this format: "
-        "output format is '<answer> [your answer] </answer>' with no extra text. You have actions "
-        "left. Max response length: words (tokens). Decide the next action: Prior to this step, you "
-        "have completed steps. Recent history: observation, action, reward. Your current observation "
-        "is: Invalid action. Reward: the move function direction tool call error success failed "
-        "0 1 2 3 4 5 6 7 8 9 10 -0.1 +1 { } [ ] \" : , name arguments"
-    )
-    corpus = [words] * 20
-    symbols = list("#_OXP√SG")
-    for _ in range(400):
-        h, w = rng.integers(4, 11, size=2)
-        grid = "\n".join("".join(rng.choice(symbols, size=w)) for _ in range(h))
-        act = ["Up", "Down", "Left", "Right"][int(rng.integers(4))]
-        corpus.append(f"Turn {int(rng.integers(1, 20))}:\nObservation:\n{grid}\n<answer>{act}</answer>")
+    corpus = [SYSTEM_PROMPT] * 20
+    for env_id in sorted(ENV_SPECS):
+        env = TextEnv(env_id)
+        for k in range(30):
+            obs, _ = env.reset(seed=seed * 1000 + k)
+            action = env.action_names[int(rng.integers(len(env.action_names)))]
+            history = [(obs, f"<answer>{action}</answer>", -0.1)] * int(rng.integers(0, 3))
+            corpus.append(traj_user_message(k % 10 + 1, obs, 10 - k % 10, 8, env.instructions if k % 3 == 0 else None))
+            corpus.append(step_user_message(env.instructions, obs, len(history), history, 2, 10, 8))
+            corpus.append(f"<answer>{action}</answer>")
+    corpus.append('{"name": "move", "arguments": {"direction": "Up"}} Invalid action. error tool call')
     return corpus
 
 
 def build_tiny(dest: Path, spec: TinySpec = TinySpec()) -> None:
     """Write a tokenizer + random-init Qwen2 model for `spec` into `dest` (an empty directory)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GRID_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size - len(GAME_TOKENS),

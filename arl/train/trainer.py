@@ -1,0 +1,320 @@
+"""The synchronous trainer: rollout -> advantages -> update -> weight push -> eval (DESIGN.md §2).
+
+    trainer = Trainer(load_config("configs/tiny_frozenlake_gigpo.yaml"))
+    await trainer.train()          # or: await trainer.step() / await trainer.evaluate()
+
+Everything is awaited on the caller's event loop (the CLI's `asyncio.run`, or a notebook's);
+the blocking torch work of an update runs in a worker thread so the loop stays responsive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from arl.algo import gigpo, grpo, loss_normalizers, policy_loss, reinforce, token_logprobs
+from arl.config import TrainConfig, unstructure
+from arl.engine import make_engine
+from arl.models import resolve_model
+from arl.rollout import GroupScheduler, ManagerConfig, Sample, StepEnvManager, TrajEnvManager, collate
+from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from arl.train.logging import MetricsLogger, plot_learning_curve
+
+log = logging.getLogger(__name__)
+
+MANAGERS = {"traj": TrajEnvManager, "step": StepEnvManager}
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, *, engine: Any = None):
+        self.config = config
+        self.engine = engine  # injected (tests, notebooks) or built in setup()
+        self._owns_engine = engine is None
+        self.step_count = 0
+        self.history: list[dict[str, float]] = []
+        self._ready = False
+
+    # -- set-up ------------------------------------------------------------------------------------
+    async def setup(self, resume: bool = False) -> None:
+        """Build engine, policy, optimizer and managers (idempotent). The engine comes first:
+        on a GPU, vLLM sizes its memory against what is free when it starts."""
+        if self._ready:
+            return
+        c = self.config
+        torch.manual_seed(c.seed)
+        self.rng = np.random.default_rng(c.seed)
+        if self.engine is None:
+            self.engine = make_engine(c.engine)
+        from transformers import AutoModelForCausalLM
+
+        self.tokenizer = self.engine.tokenizer
+        self.model = AutoModelForCausalLM.from_pretrained(resolve_model(c.model), dtype=torch.float32)
+        self.model.train()
+        self.ref_model = copy.deepcopy(self.model).eval() if c.algo.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=c.optim.lr, betas=tuple(c.optim.betas), weight_decay=c.optim.weight_decay
+        )
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        manager_cls = MANAGERS[c.rollout.mode]
+        self.manager = manager_cls(self.engine, c.rollout.manager)
+        val_config = copy.deepcopy(c.rollout.manager)
+        val_config.temperature = c.eval.temperature
+        self.val_manager = manager_cls(self.engine, val_config)
+        self.groups = GroupScheduler(
+            c.rollout.env_id, c.rollout.num_groups, c.rollout.group_size,
+            base_seed=c.seed * 1_000_003, max_concurrency=c.rollout.max_concurrency,
+        )
+        self.run_dir = c.run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, self.model, self.optimizer, self.lr_schedule)
+            self.step_count = int(state["step"])
+            extra = state.get("extra_state") or {}
+            self.history = list(extra.get("history", []))
+            self.rng.bit_generator.state = extra["rng"]
+            await self.push_weights()
+        elif not resume:
+            _clear_run_dir(self.run_dir)  # a fresh run owns its directory: no stale rows or checkpoints
+        self.logger = MetricsLogger(
+            self.run_dir, tensorboard=c.tensorboard, resume_step=self.step_count if ckpt is not None else None
+        )
+        self._ready = True
+
+    def _lr_factor(self, step: int) -> float:
+        o, total = self.config.optim, max(1, self.config.steps)
+        if step < o.warmup_steps:
+            return (step + 1) / (o.warmup_steps + 1)
+        progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+        if o.schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        if o.schedule == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    # -- one training step -------------------------------------------------------------------------
+    async def step(self) -> dict[str, float]:
+        """Collect a batch, compute advantages, update the policy, push weights into the engine."""
+        await self.setup()
+        t0 = time.perf_counter()
+        batch = await self.groups.run(self.manager, self.groups.specs(self.step_count))
+        t_rollout = time.perf_counter()
+        samples = [s for s in batch.samples if s.num_response_tokens > 0]
+        advantages, adv_stats = self.advantages(samples)
+        t_adv = time.perf_counter()
+        train_metrics = await asyncio.to_thread(self.update, samples, advantages) if samples else {}
+        t_update = time.perf_counter()
+        await self.push_weights()
+        t_push = time.perf_counter()
+
+        self.step_count += 1
+        metrics = dict(batch.metrics)
+        metrics.update(adv_stats)
+        metrics.update(train_metrics)
+        metrics.update({
+            "timing/rollout_s": t_rollout - t0,
+            "timing/advantages_s": t_adv - t_rollout,
+            "timing/update_s": t_update - t_adv,
+            "timing/weight_push_s": t_push - t_update,
+            "train/lr": self.lr_schedule.get_last_lr()[0],
+            "train/policy_version": float(self.engine.policy_version),
+        })
+        if self._eval_due():
+            metrics.update(await self.evaluate())
+        metrics["timing/step_s"] = time.perf_counter() - t0
+        self._record(metrics)
+        c = self.config
+        if (c.save_every and self.step_count % c.save_every == 0) or self.step_count == c.steps:
+            self.save()
+        return metrics
+
+    def advantages(self, samples: list[Sample]) -> tuple[np.ndarray, dict[str, float]]:
+        """One scalar per sample from the configured estimator (REFERENCE.md §3)."""
+        a = self.config.algo
+        if not samples:
+            return np.zeros(0), {}
+        if a.estimator == "reinforce":
+            adv = reinforce([s.score for s in samples])
+            return adv, {"train/adv_abs_mean": float(np.abs(adv).mean())}
+        if a.estimator == "grpo":  # trajectory level; step rows carry their episode's score
+            adv = grpo([s.episode_score for s in samples], [s.group_id for s in samples])
+            return adv, {"train/adv_abs_mean": float(np.abs(adv).mean())}
+        adv, stats = gigpo(
+            [s.episode_score for s in samples], [s.step_score for s in samples],
+            [s.group_id for s in samples], [s.traj_id for s in samples], [s.step for s in samples],
+            [s.state_hash for s in samples], gamma=a.gamma, step_weight=a.step_weight, mode=a.gigpo_mode,
+            invalid_penalty=a.invalid_penalty, action_valid=[s.action_valid for s in samples],
+        )
+        out = {f"train/gigpo_{k}": float(v) for k, v in stats.items()}
+        out["train/adv_abs_mean"] = float(np.abs(adv).mean())
+        return adv, out
+
+    # -- the policy update (blocking; runs in a worker thread) ------------------------------------
+    def update(self, samples: list[Sample], advantages: np.ndarray) -> dict[str, float]:
+        c, o = self.config, self.config.optim
+        pad = self.tokenizer.pad_token_id or 0
+        batch = collate(samples, pad_id=pad, mask_abnormal=c.rollout.mask_abnormal)
+        adv = torch.tensor(advantages, dtype=torch.float32)
+        temperature = max(c.rollout.manager.temperature, 1e-6)
+        # PPO's "old" policy is the trainer's own log-probs of the sampled tokens before the update.
+        # With one optimizer step per rollout they equal the current ones (ratio == 1, plain policy
+        # gradient), so the extra forward pass is skipped and each micro-batch detaches its own.
+        single_step = o.mini_batches == 1 and o.epochs == 1
+        with torch.no_grad():
+            old = None if single_step else self._logprobs(self.model, batch, range(len(samples)), temperature)
+            ref = self._logprobs(self.ref_model, batch, range(len(samples)), temperature) if self.ref_model else None
+        mask = batch["response_mask"]
+        metrics: dict[str, list[float]] = {}
+        skipped = 0
+        for _ in range(o.epochs):
+            order = self.rng.permutation(len(samples))
+            for mini in np.array_split(order, o.mini_batches):
+                norms = loss_normalizers(mask[mini])
+                self.optimizer.zero_grad(set_to_none=True)
+                for start in range(0, len(mini), o.micro_batch_size):
+                    idx = mini[start : start + o.micro_batch_size]
+                    rows = _trim(batch, idx)
+                    logits = self.model(
+                        input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                        position_ids=rows["position_ids"],
+                    ).logits
+                    logp = token_logprobs(logits, rows["input_ids"], temperature)
+                    width = logp.shape[1]
+                    old_logp = logp.detach() if old is None else old[idx, :width]
+                    loss, m = policy_loss(
+                        logp, old_logp, adv[idx], rows["response_mask"],
+                        clip_eps_low=c.algo.clip_eps_low, clip_eps_high=c.algo.clip_eps_high,
+                        dual_clip=c.algo.dual_clip, agg=c.algo.agg,
+                        ref_logprobs=None if ref is None else ref[idx, :width], kl_coef=c.algo.kl_coef,
+                        engine_logprobs=rows["logprobs"], is_cap=c.algo.is_cap, is_level=c.algo.is_level,
+                        **norms,
+                    )
+                    loss.backward()
+                    for k, val in m.items():
+                        metrics.setdefault(k, []).append(float(val))
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip or float("inf"))
+                if not torch.isfinite(grad_norm):  # a NaN/inf update would poison the policy: skip it
+                    log.error("skipping an update with non-finite gradient norm %s", float(grad_norm))
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                    continue
+                metrics.setdefault("grad_norm", []).append(float(grad_norm))
+                self.optimizer.step()
+        self.lr_schedule.step()
+        out = {f"train/{k}": float(np.mean(v)) for k, v in metrics.items()}
+        out.update({
+            "train/skipped_updates": float(skipped),
+            "train/num_samples": float(len(samples)),
+            "train/num_response_tokens": float(mask.sum()),
+        })
+        return out
+
+    def _logprobs(self, model: Any, batch: dict[str, Any], indices: Any, temperature: float) -> torch.Tensor:
+        """Log-probs of every token under `model`, computed micro-batch by micro-batch, (B, L)."""
+        idx = np.fromiter(indices, dtype=np.int64)
+        out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+        for start in range(0, len(idx), self.config.optim.micro_batch_size):
+            rows = _trim(batch, idx[start : start + self.config.optim.micro_batch_size])
+            logits = model(
+                input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], position_ids=rows["position_ids"]
+            ).logits
+            lp = token_logprobs(logits, rows["input_ids"], temperature)
+            out[idx[start : start + len(lp)], : lp.shape[1]] = lp
+        return out
+
+    async def push_weights(self) -> None:
+        """New policy weights into the engine (which also resets its prefix cache)."""
+        state = [(name, t.detach()) for name, t in self.model.state_dict().items()]
+        await self.engine.update_weights(state)
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def _eval_due(self) -> bool:
+        every, c = self.config.eval.every, self.config
+        return self.step_count == c.steps or (every > 0 and self.step_count % every == 0)
+
+    async def evaluate(self) -> dict[str, float]:
+        """The fixed validation panel at the eval temperature: success, valid actions, turns."""
+        await self.setup()
+        specs = self.groups.val_specs(num_seeds=self.config.eval.num_seeds)
+        batch = await self.groups.run(self.val_manager, specs)
+        return evaluation_metrics(batch.metrics)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    async def train(self, resume: bool = False, progress: Any = None) -> list[dict[str, float]]:
+        """Run until `config.steps`; `progress` is an optional callback(step, metrics)."""
+        await self.setup(resume=resume)
+        if self.step_count == 0 and self.config.sft.steps > 0:
+            from arl.train.sft import format_warm_start
+
+            sft_metrics = await format_warm_start(self)
+            await self.push_weights()
+            self._record_raw(0, sft_metrics)
+        if self.step_count == 0 and self.config.eval.at_start:
+            self._record_raw(0, await self.evaluate())
+        while self.step_count < self.config.steps:
+            metrics = await self.step()
+            if progress is not None:
+                progress(self.step_count, metrics)
+        plot_learning_curve(self.run_dir, self.run_dir / "learning_curve.png")
+        return self.history
+
+    def _record(self, metrics: dict[str, float]) -> None:
+        self._record_raw(self.step_count, metrics)
+
+    def _record_raw(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **metrics}
+        self.history.append(row)
+        self.logger.log(step, metrics)
+
+    def save(self) -> None:
+        save_checkpoint(
+            self.run_dir, self.step_count, self.model, self.tokenizer, self.optimizer, self.lr_schedule,
+            extra_state={"history": self.history, "rng": self.rng.bit_generator.state,
+                         "config": unstructure(self.config)},
+            keep=self.config.keep_checkpoints,
+        )
+
+    async def close(self) -> None:
+        if getattr(self, "logger", None) is not None:
+            self.logger.close()
+        if self._owns_engine and self.engine is not None:
+            await self.engine.close()
+
+    async def __aenter__(self) -> Trainer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def evaluation_metrics(rollout_metrics: dict[str, float]) -> dict[str, float]:
+    """rollout/* metrics of a validation batch, renamed into the eval/ namespace."""
+    keep = ("success_rate", "valid_action_rate", "mean_turns", "mean_episode_score", "num_episodes")
+    return {f"eval/{k}": rollout_metrics[f"rollout/{k}"] for k in keep if f"rollout/{k}" in rollout_metrics}
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    for path in [run_dir / "metrics.jsonl", run_dir / "learning_curve.png"]:
+        path.unlink(missing_ok=True)
+    for path in [run_dir / "tb", *run_dir.glob("ckpt_*")]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _trim(batch: dict[str, Any], idx: Any) -> dict[str, torch.Tensor]:
+    """Rows `idx` of the padded batch, cut to their longest real length (less padding compute)."""
+    idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+    width = int(batch["attention_mask"][idx].sum(dim=1).max())
+    keys = ("input_ids", "attention_mask", "position_ids", "response_mask", "logprobs")
+    return {k: batch[k][idx, :width] for k in keys}
+
+
+__all__ = ["ManagerConfig", "Trainer", "evaluation_metrics"]
