@@ -31,6 +31,10 @@ tokens the engine sampled. The tracker bridges the two for one episode:
      happens whenever the agent drops, edits, reorders, truncates or summarises earlier
      messages, edits or omits the model's last response, or re-sends an old prefix (a retry).
      Earlier branches are kept unchanged.
+  3. A response that repeats word for word a message the engine already generated at the same
+     place (same key) *is* that message: the first recorded tokens stand for it, the repeat adds
+     no tokens to traj samples (step mode keeps its own sample), and a branch left with no
+     response of its own yields no traj sample.
 
 - **Samples.** ``traj_samples()``: one per branch (``keep="all"``) or only the longest
   (``keep="longest"``: most requests, then most tokens, then the latest). A branch sample is its
@@ -321,14 +325,16 @@ class MessageTracker:
         ids = list(token_ids)
         close = [] if eot and ids[-len(eot) :] == eot else eot
         head, sep = list(tpl.gen_prompt_ids), list(tpl.separator_ids)
-        node = Node(
-            key, len(prompt.nodes), "assistant",
-            ids=head + ids + close + sep,
-            mask=[0] * len(head) + [1] * len(ids) + [0] * (len(close) + len(sep)),
-            logprobs=[0.0] * len(head) + [float(x) for x in logprobs] + [0.0] * (len(close) + len(sep)),
-            generated=True, separator=len(sep), request=len(self.requests),
-        )
-        self._nodes[key] = node  # a regenerated identical message: the latest tokens answer it
+        node = self._nodes.get(key)
+        if node is None or not node.generated:  # a repeat of a generated message is that message
+            node = Node(
+                key, len(prompt.nodes), "assistant",
+                ids=head + ids + close + sep,
+                mask=[0] * len(head) + [1] * len(ids) + [0] * (len(close) + len(sep)),
+                logprobs=[0.0] * len(head) + [float(x) for x in logprobs] + [0.0] * (len(close) + len(sep)),
+                generated=True, separator=len(sep), request=len(self.requests),
+            )
+            self._nodes[key] = node
         request = Request(len(self.requests), prompt, node, ids, [float(x) for x in logprobs],
                           finish_reason, policy_version, closing=list(close))
         self.requests.append(request)
@@ -356,7 +362,8 @@ class MessageTracker:
             self.branches.append(best)
         best.requests.append(request.index)
         request.branch = best.id
-        request.response.owner = best.id
+        if request.response.owner is None:
+            request.response.owner = best.id
 
     # -- samples ---------------------------------------------------------------------------------
     def traj_samples(self, keep: Keep = "all") -> list[TrackedSample]:
@@ -379,6 +386,8 @@ class MessageTracker:
                 else:
                     mask += [0] * len(node.ids)
                     logprobs += [0.0] * len(node.ids)
+            if not any(mask):  # nothing of its own to train on (only repeats of other branches)
+                continue
             cut = len(ids) - branch.nodes[-1].separator
             last = self.requests[branch.requests[-1]]
             out.append(TrackedSample(

@@ -166,6 +166,20 @@ def test_same_prefix_resent_forks_and_going_back_continues_the_old_branch(tiny_t
     assert masked(b1) == r1.response_ids
 
 
+def test_identical_retry_is_the_same_message(tiny_tokenizer):
+    """Rule 3: a retry that repeats the earlier response word for word adds no tokens."""
+    tok = tiny_tokenizer
+    tracker, fake = MessageTracker(tok), Fake(tok)
+    m = [SYS, user("u1")]
+    _, r0, a0 = fake(tracker, m, "<answer>Up</answer>")
+    _, r1, _ = fake(tracker, [*m, a0, user("u2")], "<answer>Down</answer>")
+    _, r2, _ = fake(tracker, m, "<answer>Up</answer>")  # retry of the first call, same reply
+    assert r2.response is r0.response
+    (b0,) = tracker.traj_samples()  # the retry's branch [SYS, u1, a0] has nothing of its own
+    assert b0.requests == (0, 1) and masked(b0) == r0.response_ids + r1.response_ids
+    assert [s.requests for s in tracker.step_samples()] == [(0,), (1,), (2,)]
+
+
 def test_edited_response_is_untracked_and_forks(tiny_tokenizer):
     tok = tiny_tokenizer
     tracker, fake = MessageTracker(tok), Fake(tok)
@@ -217,3 +231,45 @@ def test_template_errors_are_bad_requests(tiny_tokenizer):
     with pytest.raises(TemplateError) as info:
         MessageTracker(Broken()).prepare([user("x")])
     assert info.value.status == 400
+
+
+# -- property: any conversation, any order of requests: prompts are the template's rendering -----
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_text = st.lists(st.sampled_from([*"ab #_OXP\n<>/{}\":", "<answer>", "Up", "  ", "<|im_end|>"]), max_size=12).map("".join)
+_call = st.builds(
+    lambda i, d: {"id": f"c{i}", "type": "function",
+                  "function": {"name": "move", "arguments": f'{{"direction": "{d}"}}'}},
+    st.integers(0, 3), st.sampled_from(["Up", "Down"]),
+)
+_message = st.one_of(
+    st.builds(lambda t: {"role": "user", "content": t}, _text),
+    st.builds(lambda t: {"role": "system", "content": t}, _text),
+    st.builds(lambda t: {"role": "assistant", "content": t}, _text),
+    st.builds(lambda t, c: {"role": "assistant", "content": t, "tool_calls": c}, _text, st.lists(_call, min_size=1, max_size=2)),
+    st.builds(lambda t, i: {"role": "tool", "content": t, "tool_call_id": f"c{i}"}, _text, st.integers(0, 3)),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(conversations=st.lists(st.lists(_message, min_size=1, max_size=5), min_size=1, max_size=4),
+       reply=_text)
+def test_prompts_equal_the_template_rendering(tiny_tokenizer, conversations, reply):
+    """Requests that share, drop or rewrite prefixes in any order: every prompt is exactly what
+    the template renders, and generated replies echoed back are found again (never re-tokenized)."""
+    tok = tiny_tokenizer
+    tracker = MessageTracker(tok)
+    ids = tok.encode(reply, add_special_tokens=False) + [tok.eos_token_id]
+    for messages in conversations:
+        prompt = tracker.prepare(messages)
+        assert prompt.prompt_ids == chat_ids(tok, messages)
+        tracker.commit(prompt, ids, [-1.0] * len(ids), "stop", {"role": "assistant", "content": reply})
+        echoed = tracker.prepare([*messages, {"role": "assistant", "content": reply}, user("next")])
+        assert echoed.known >= len(messages) + 1  # the echoed reply was found by its key
+    # keep="all": every distinct generated response is trained exactly once across branches.
+    distinct = {r.response.key for r in tracker.requests}
+    assert sum(sum(x.response_mask) for x in tracker.traj_samples()) == len(ids) * len(distinct)
+    for sample in tracker.traj_samples():
+        assert sample.input_ids[-1] == tok.eos_token_id
