@@ -48,7 +48,7 @@ from arl.intercept.protocol import (
 from arl.intercept.server import ProxyServer
 from arl.intercept.toolcalls import parse_tool_calls
 from arl.intercept.tracker import Keep, MessageTracker, Request, TrackedSample
-from arl.rollout.base import EnvManager, EpisodeSpec, ManagerConfig, request_seed
+from arl.rollout.base import EnvManager, Episode, EpisodeSpec, ManagerConfig, request_seed
 from arl.rollout.records import EXIT_REASONS, Sample, Trajectory, Turn
 
 RunnerFactory = Callable[[Any, EpisodeSpec], AgentRunner]
@@ -161,7 +161,7 @@ class ProxyEnvManager(EnvManager):
         await self.aclose()
 
     # -- one episode -----------------------------------------------------------------------------
-    async def run_episode(self, spec: EpisodeSpec):  # noqa: ANN201 -- Episode, as the base
+    async def run_episode(self, spec: EpisodeSpec) -> Episode:
         token = _CURRENT.set([])
         try:
             return await super().run_episode(spec)
