@@ -64,7 +64,7 @@ def _sft_update(model: Any, optimizer: Any, samples: list, trainer: Any, c: Any)
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         loss = -(logp * mask[rows, 1:width]).sum() / total
         loss.backward()
-        loss_sum += float(loss)
+        loss_sum += float(loss.detach())
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     return loss_sum

@@ -126,7 +126,7 @@ class Trainer:
             "timing/update_s": t_update - t_adv,
             "timing/weight_push_s": t_push - t_update,
             "train/lr": self.lr_schedule.get_last_lr()[0],
-            "train/policy_version": float(self.engine.policy_version),
+            "train/policy_version": float(self.step_count),  # updates applied (engine counters restart on resume)
         })
         if self._eval_due():
             metrics.update(await self.evaluate())

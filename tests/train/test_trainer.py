@@ -1,0 +1,166 @@
+"""The training loop end to end on the tiny model (scripted engine for exactness, vLLM for the push)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from arl.config import ConfigError, load_config
+from arl.engine import SamplingParams, make_engine
+from arl.train import Trainer
+
+pytestmark = pytest.mark.anyio
+
+
+def small_config(tmp_path, *overrides: str):
+    base = [
+        f"out_dir={tmp_path}", "name=t", "steps=2", "tensorboard=false",
+        "rollout.env_id=arl/FrozenLake-v0", "rollout.mode=step", "rollout.num_groups=2", "rollout.group_size=4",
+        "rollout.manager.max_tokens=8", "rollout.manager.history_len=0",
+        "eval.num_seeds=4", "eval.every=0", "eval.at_start=false", "optim.lr=0.01", "optim.micro_batch_size=8",
+        "engine.max_model_len=1024",
+    ]
+    return load_config(None, base + list(overrides))
+
+
+def scripted(config):
+    return make_engine(backend="scripted", model=config.model, max_model_len=1024, scripted={"invalid_rate": 0.3})
+
+
+def params_of(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+async def test_every_parameter_moves_and_metrics_are_namespaced(tmp_path):
+    config = small_config(tmp_path, "algo.estimator=gigpo")
+    async with Trainer(config, engine=scripted(config)) as trainer:
+        await trainer.setup()
+        before = params_of(trainer.model)
+        metrics = await trainer.step()
+        moved = {n: not torch.equal(before[n], p) for n, p in trainer.model.named_parameters()}
+    assert all(moved.values()), [n for n, m in moved.items() if not m]
+    for prefix in ("rollout/", "train/", "timing/", "env/arl/FrozenLake-v0/"):
+        assert any(k.startswith(prefix) for k in metrics), prefix
+    assert metrics["train/skipped_updates"] == 0
+    assert metrics["train/gigpo_anchor_group_size_mean"] >= 1
+
+
+@pytest.mark.vllm
+async def test_weight_push_makes_engine_logprobs_equal_trainer_logprobs(tmp_path, vllm_engine, tiny_path):
+    from transformers import AutoModelForCausalLM
+
+    from arl.algo import token_logprobs
+
+    config = small_config(tmp_path, "steps=1")
+    original = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    trainer = Trainer(config, engine=vllm_engine)  # not owned: the session engine stays open
+    try:
+        await trainer.setup()
+        before = params_of(trainer.model)
+        await trainer.step()
+        assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+        prompt = list(range(5, 60))
+        gen = await vllm_engine.generate(prompt, SamplingParams(max_tokens=16, ignore_eos=True, seed=3))
+        assert gen.policy_version == vllm_engine.policy_version
+        ids = torch.tensor([prompt + gen.token_ids])
+        with torch.no_grad():
+            lp = token_logprobs(trainer.model(input_ids=ids).logits, ids)[0, len(prompt):]
+        assert lp.tolist() == pytest.approx(gen.logprobs, abs=1e-4)
+    finally:
+        trainer.logger.close()
+        await vllm_engine.update_weights(list(original.state_dict().items()))
+
+
+async def test_micro_batches_accumulate_to_the_full_batch_update(tmp_path):
+    """The accumulated gradient over micro-batches equals the one-shot full-batch gradient."""
+    grads = []
+    for micro in ("64", "3"):
+        config = small_config(tmp_path / micro, f"optim.micro_batch_size={micro}", "steps=1", "optim.grad_clip=null")
+        async with Trainer(config, engine=scripted(config)) as trainer:
+            await trainer.setup()
+            captured = {}
+            trainer.optimizer.step = lambda: captured.update(
+                {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+            )
+            await trainer.step()
+            grads.append(captured)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-7)
+
+
+async def test_resume_matches_an_uninterrupted_run(tmp_path):
+    full = small_config(tmp_path / "full", "steps=4", "save_every=2")
+    async with Trainer(full, engine=scripted(full)) as trainer:
+        await trainer.train()
+        want = params_of(trainer.model)
+
+    part = small_config(tmp_path / "part", "steps=4", "save_every=2")
+    async with Trainer(part, engine=scripted(part)) as trainer:  # "killed" after step 2
+        await trainer.setup()
+        for _ in range(2):
+            await trainer.step()
+    async with Trainer(part, engine=scripted(part)) as trainer:
+        await trainer.train(resume=True)
+        assert trainer.step_count == 4
+        got = params_of(trainer.model)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
+
+    def rows(run):
+        lines = (run / "t" / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("timing/")} for line in lines]
+
+    assert rows(tmp_path / "part") == rows(tmp_path / "full")
+
+
+async def test_nan_update_is_skipped_not_applied(tmp_path):
+    config = small_config(tmp_path, "steps=1")
+    async with Trainer(config, engine=scripted(config)) as trainer:
+        await trainer.setup()
+        with torch.no_grad():
+            trainer.model.model.norm.weight.fill_(float("nan"))
+        before = params_of(trainer.model)
+        metrics = await trainer.step()
+        assert metrics["train/skipped_updates"] >= 1
+        for n, p in trainer.model.named_parameters():
+            assert torch.equal(p, before[n]) or (torch.isnan(p).any() and torch.isnan(before[n]).any())
+
+
+async def test_evaluate_reports_the_validation_panel(tmp_path):
+    config = small_config(tmp_path, "eval.num_seeds=6")
+    async with Trainer(config, engine=scripted(config)) as trainer:
+        metrics = await trainer.evaluate()
+    assert metrics["eval/num_episodes"] == 6
+    assert 0 <= metrics["eval/success_rate"] <= 1 and 0 <= metrics["eval/valid_action_rate"] <= 1
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("algo.estimator=ppo", ["estimator", "grpo", "gigpo", "reinforce"]),
+        ("rollout.mode=chat", ["mode", "traj", "step"]),
+        ("engine.backend=tpu", ["backend", "vllm", "hf", "scripted"]),
+        ("optim.lrr=0.1", ["lrr", "optim"]),
+        ("optim.lr=fast", ["optim.lr", "float"]),
+        ("rollout.num_groups=0", ["num_groups", ">= 1"]),
+    ],
+)
+def test_bad_config_names_the_field_and_the_choices(override, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_every_shipped_config_loads():
+    from pathlib import Path
+
+    configs = sorted(Path(__file__).parents[2].joinpath("configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("#") and "arl train" in first, f"{path.name}: first line must be its command"
+        load_config(path)
