@@ -20,6 +20,7 @@ from arl.rollout.base import (
     state_hash,
 )
 from arl.rollout.metrics import rollout_metrics
+from arl.rollout.proxy import ProxyEnvManager
 from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, Sample, Trajectory, Turn, collate
 from arl.rollout.scheduler import VAL_BASE_SEED, GroupScheduler, RolloutBatch
 from arl.rollout.step import StepEnvManager
@@ -34,6 +35,7 @@ __all__ = [
     "Episode",
     "EpisodeSpec",
     "GroupScheduler",
+    "ProxyEnvManager",
     "ManagerConfig",
     "RolloutBatch",
     "Sample",
