@@ -90,3 +90,17 @@ def step_messages(
             ),
         },
     ]
+
+
+# -- compact style --------------------------------------------------------------------------------
+# For models that cannot read English (the tiny random-init model): no system prompt, no
+# instructions, no format rule, only the grid and the turns left. Prompts shrink ~7x, and with
+# them a CPU training step. The answer format is still `<answer>X</answer>` (taught by the warm-start).
+
+
+def compact_user_message(observation: str, actions_left: int) -> str:
+    return f"Observation:\n{observation}\nActions left: {actions_left}\nAnswer:"
+
+
+def compact_messages(observation: str, actions_left: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": compact_user_message(observation, actions_left)}]

@@ -74,6 +74,9 @@ class ManagerConfig:
     episode_timeout_s: float | None = None
     sampling_seed: int | None = 0  # None: engine RNG; else per-request seeds from request_seed()
     env_kwargs: dict[str, Any] = attrs.Factory(dict)
+    # "full": the anchors' prompts (REFERENCE.md §1); "compact": grid + turns left only, for models
+    # that cannot read the instructions anyway (see arl.envs.prompts.compact_messages).
+    prompt_style: str = attrs.field(default="full", validator=attrs.validators.in_(("full", "compact")))
 
 
 @attrs.define

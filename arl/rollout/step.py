@@ -13,7 +13,7 @@ only with the history window) no longer fits.
 
 from __future__ import annotations
 
-from arl.envs.prompts import step_messages
+from arl.envs.prompts import compact_messages, step_messages
 from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids, state_hash
 from arl.rollout.records import Sample, Trajectory, Turn
 
@@ -33,7 +33,10 @@ class StepEnvManager(EnvManager):
         traj.exit_reason = "truncated"
         while len(traj.turns) < limit:
             t = len(traj.turns)
-            messages = step_messages(env.instructions, obs, t, history, c.history_len, limit - t, c.max_tokens)
+            if c.prompt_style == "compact":
+                messages = compact_messages(obs, limit - t)
+            else:
+                messages = step_messages(env.instructions, obs, t, history, c.history_len, limit - t, c.max_tokens)
             prompt = chat_ids(tok, messages)
             if not self.fits(len(prompt)):
                 traj.exit_reason = "max_length"

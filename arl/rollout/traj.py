@@ -15,7 +15,7 @@ the loss, by default they train like any other (their score is the partial sum o
 
 from __future__ import annotations
 
-from arl.envs.prompts import traj_messages_start, traj_user_message
+from arl.envs.prompts import compact_messages, compact_user_message, traj_messages_start, traj_user_message
 from arl.rollout.base import EnvManager, EpisodeSpec, bridge_ids, chat_ids
 from arl.rollout.records import Sample, Trajectory, Turn
 
@@ -29,7 +29,9 @@ class TrajEnvManager(EnvManager):
         obs, info = self.env_call(traj, env.reset, seed=spec.seed)
         obs = str(info.get("raw_obs", obs))
         limit = self.turn_limit(env)
-        ids = chat_ids(tok, traj_messages_start(obs, limit, c.max_tokens, env.instructions))
+        compact = c.prompt_style == "compact"
+        start = compact_messages(obs, limit) if compact else traj_messages_start(obs, limit, c.max_tokens, env.instructions)
+        ids = chat_ids(tok, start)
         traj.exit_reason = "truncated"  # unless the game ends first or the context runs out
         while len(traj.turns) < limit:
             if not self.fits(len(ids)):
@@ -42,7 +44,9 @@ class TrajEnvManager(EnvManager):
                 break
             n = len(traj.turns)
             if n < limit:  # the bridge of the next user turn
-                message = traj_user_message(n + 1, obs, limit - n, c.max_tokens)
+                message = (
+                    compact_user_message(obs, limit - n) if compact else traj_user_message(n + 1, obs, limit - n, c.max_tokens)
+                )
                 ids = ids + bridge_ids(tok, [{"role": "user", "content": message}])
         return self._build_samples(spec, traj)
 

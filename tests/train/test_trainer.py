@@ -80,10 +80,12 @@ async def test_micro_batches_accumulate_to_the_full_batch_update(tmp_path):
         config = small_config(tmp_path / micro, f"optim.micro_batch_size={micro}", "steps=1", "optim.grad_clip=null")
         async with Trainer(config, engine=scripted(config)) as trainer:
             await trainer.setup()
-            captured = {}
-            trainer.optimizer.step = lambda: captured.update(
-                {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
-            )
+            captured: dict[str, torch.Tensor] = {}
+
+            def capture(model=trainer.model, into=captured) -> None:  # instead of an optimizer step
+                into.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+
+            trainer.optimizer.step = capture
             await trainer.step()
             grads.append(captured)
     assert grads[0].keys() == grads[1].keys() and grads[0]
