@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from arl.algo import gigpo, grpo, loss_normalizers, policy_loss, reinforce, token_logprobs
+from arl.algo import entropy_from_logits, gigpo, grpo, loss_normalizers, policy_loss, reinforce, token_logprobs
 from arl.config import TrainConfig, unstructure
 from arl.engine import make_engine
 from arl.models import resolve_model
@@ -188,6 +188,7 @@ class Trainer:
                         position_ids=rows["position_ids"],
                     ).logits
                     logp = token_logprobs(logits, rows["input_ids"], temperature)
+                    entropy = entropy_from_logits(logits, temperature) if c.algo.entropy_coef > 0 else None
                     width = logp.shape[1]
                     old_logp = logp.detach() if old is None else old[idx, :width]
                     loss, m = policy_loss(
@@ -195,6 +196,7 @@ class Trainer:
                         clip_eps_low=c.algo.clip_eps_low, clip_eps_high=c.algo.clip_eps_high,
                         dual_clip=c.algo.dual_clip, agg=c.algo.agg,
                         ref_logprobs=None if ref is None else ref[idx, :width], kl_coef=c.algo.kl_coef,
+                        entropy=entropy, entropy_coef=c.algo.entropy_coef,
                         engine_logprobs=rows["logprobs"], is_cap=c.algo.is_cap, is_level=c.algo.is_level,
                         **norms,
                     )
