@@ -4,6 +4,7 @@
     arl chat MODEL "question"                 one chat turn through an engine (sanity check)
     arl play ENV_ID [--seed N]                play a game in the terminal
     arl demo                                  the README's demo (see `arl demo --help`)
+    arl bench NAME [ARGS...]                  run benchmarks/NAME.py of the checkout (e.g. overhead --quick)
 """
 
 from __future__ import annotations
@@ -119,9 +120,39 @@ async def _eval(args: argparse.Namespace) -> dict:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from arl.demo import run_demo
+    from arl.config import load_config
+    from arl.demo import DEMO_CONFIG, before_after
 
-    return asyncio.run(run_demo(args))
+    if not DEMO_CONFIG.exists():
+        print(f"arl demo needs the repository checkout ({DEMO_CONFIG} is missing)", file=sys.stderr)
+        return 2
+    config = load_config(DEMO_CONFIG, args.overrides)
+    start = time.perf_counter()
+    history = asyncio.run(_train(config, resume=False))
+    pair = before_after(history)
+    if pair:
+        (first, last) = pair
+        b, a = first["eval/success_rate"], last["eval/success_rate"]
+        print(f"\nFrozenLake 4x4 validation success ({config.eval.num_seeds} fixed seeds, T={config.eval.temperature}):")
+        print(f"  after the format warm-start: {b:.1%}   after {config.steps} GiGPO steps: {a:.1%}   "
+              f"({a / b if b else float('inf'):.1f}x, {100 * (a - b):+.1f} points)")
+    print(f"learning curve: {config.run_dir / 'learning_curve.png'}; metrics: {config.run_dir / 'metrics.jsonl'}")
+    print(f"demo finished in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Run benchmarks/NAME.py from the repository checkout with the remaining arguments."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{args.name}.py"
+    if not script.exists():
+        known = sorted(p.stem for p in script.parent.glob("*.py")) if script.parent.exists() else []
+        print(f"arl bench: no benchmark {args.name!r} (known: {', '.join(known) or 'none: needs the repo checkout'})",
+              file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(script), *args.args])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,12 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
     p.set_defaults(func=_cmd_eval)
 
-    p = sub.add_parser("demo", help="the README demo: the tiny model plays FrozenLake through vLLM")
-    p.add_argument("--env", default="arl/FrozenLake-v0")
-    p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf", "scripted"])
-    p.add_argument("--groups", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=4)
+    p = sub.add_parser("demo", help="the README demo: the tiny model learns FrozenLake on a CPU")
+    p.add_argument("overrides", nargs="*", help="dotted overrides of configs/tiny_frozenlake_gigpo.yaml")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("bench", help="run a benchmark script: arl bench NAME [ARGS...] (benchmarks/NAME.py)")
+    p.add_argument("name", help="overhead, engines, rollout, trainer_step, peers, envs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script, e.g. --quick")
+    p.set_defaults(func=_cmd_bench)
     return parser
 
 
