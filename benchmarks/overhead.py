@@ -1,19 +1,38 @@
 """Env-manager overhead: framework cost per agent turn with an (almost) free scripted engine.
 
-    .venv/bin/python benchmarks/overhead.py                  # every manager, full size
-    .venv/bin/python benchmarks/overhead.py --quick          # CI smoke size
-    .venv/bin/python benchmarks/overhead.py --managers traj --concurrency 1 16 64
+    .venv/bin/python benchmarks/overhead.py                  # every manager, full size (~3 min on 2 cores)
+    .venv/bin/python benchmarks/overhead.py --quick          # CI smoke size (~10 s)
+    .venv/bin/python benchmarks/overhead.py --managers traj proxy-inprocess --concurrency 1 16 128
 
 For each manager and concurrency c, plays `--episodes` Sokoban episodes with at most c running at
-once and reports wall time / number of agent turns in microseconds (median over repeats, min-max
-in brackets). The scripted engine still tokenizes its reply and hashes the prompt, so the
-"engine only" row (one scripted generate() on a typical prompt) is the part of each figure that
-is not the manager's; at concurrency 1 the engine and env columns break the figure down (env
-includes env construction and reset, i.e. level generation, spread over the turns). Prints a markdown table and writes benchmarks/results/overhead.json.
+once and reports wall time / number of agent turns (and / number of training samples) in
+microseconds: median over repeats, min-max in brackets, and the ratio to TrajEnvManager's median
+at the same concurrency (measured in the same run). The scripted engine still tokenizes its reply
+and hashes the prompt, so the "engine only" row (one scripted generate() on a first-turn prompt)
+is part of every figure.
 
-Adding a manager is one entry in MANAGERS: a factory `(engine, config) -> EnvManager`. When the
-returned object is an async context manager (e.g. one that starts an HTTP proxy), the benchmark
-enters it around the runs and uses what `__aenter__` returns.
+Breakdown (`--breakdown`, on by default): one more pass per manager at concurrency 1 with timers
+around the pieces, exclusive time (a piece nested in another is charged to the inner one only):
+engine (the scripted generate, opaque), env (TextEnv construction, reset, step), tokenization
+(tokenizer calls outside the engine), tracker (MessageTracker's own Python), http/json (the
+openai client, InProcessClient's request building and validation, the proxy's routing, JSON and
+response objects, aiohttp and the sockets), agent (GymRunner's own Python), manager (the
+manager's own Python: prompts, turns, samples, the proxy handler) and scheduling (the rest: task
+group, capacity limiter, rollout metrics). The timers cost ~1-2 us per timed call, so the
+instrumented total is a little above the clean figure.
+
+Physical floor: per turn, a bare `TextEnv.step` on an answer string + tokenizing the new user
+message (`tokenizer.encode`), no engine: what any manager must at least spend.
+
+Managers (MANAGERS: a factory `(engine, config) -> EnvManager`; an async context manager is
+entered around the runs and what `__aenter__` returns is used):
+
+- traj / step: TrajEnvManager, StepEnvManager (tokens built by the manager);
+- proxy-inprocess: GymRunner through `InProcessClient` (a plain function call);
+- proxy-openai-inproc: GymRunner through the stock `openai.AsyncOpenAI` whose httpx transport
+  calls the `ProxyServer`'s request handler in-process (JSON, routing, validation, the openai
+  client's own machinery, but no sockets and no aiohttp HTTP parsing);
+- proxy-http: GymRunner through `openai.AsyncOpenAI` and the aiohttp proxy on loopback.
 """
 
 from __future__ import annotations
@@ -21,27 +40,101 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import platform
+import functools
+import inspect
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from arl.engine import SamplingParams, make_engine
-from arl.rollout import GroupScheduler, ManagerConfig, StepEnvManager, TrajEnvManager
-from arl.rollout.proxy import ProxyEnvManager
+sys.path.insert(0, str(Path(__file__).parent))
 
-RESULTS = Path(__file__).parent / "results" / "overhead.json"
+from _util import cell, result_path, summary, table, write_result  # noqa: E402
+
+from arl.engine import SamplingParams, make_engine  # noqa: E402
+from arl.rollout import GroupScheduler, ManagerConfig, StepEnvManager, TrajEnvManager  # noqa: E402
+from arl.rollout.proxy import ProxyEnvManager  # noqa: E402
+
 ENV_ID = "arl/Sokoban-v0"
+CLOCK = time.thread_time  # CPU time of the event-loop thread: other tenants of a shared machine do not count
+CATEGORIES = ("engine", "env", "tokenization", "tracker", "http/json", "agent code", "manager code", "scheduling")
+
+
+# -- the openai client over an in-process transport ----------------------------------------------
+
+
+def _httpx() -> Any:
+    try:  # the openai package uses httpx2 (a fork of httpx) in recent versions
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover
+        import httpx
+    return httpx
+
+
+class _Headers:
+    def __init__(self, headers: Any) -> None:
+        self._h = headers
+
+    def get(self, key: str, default: str = "") -> str:
+        return self._h.get(key, default)
+
+
+class _ServerRequest:
+    """The two things `ProxyServer._chat` reads from an aiohttp request: headers and the body."""
+
+    def __init__(self, headers: Any, body: bytes) -> None:
+        self.headers = _Headers(headers)
+        self._body = body
+
+    async def read(self) -> bytes:
+        return self._body
+
+
+def inprocess_transport(server: Any) -> Any:
+    """An httpx transport that hands each request to `server`'s chat-completions handler."""
+    httpx = _httpx()
+
+    class InProcessTransport(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            body = await request.aread()
+            if request.method != "POST" or not request.url.path.endswith("/chat/completions"):
+                return httpx.Response(404, json={"error": {"message": "not found"}})
+            response = await server._chat(_ServerRequest(request.headers, body))
+            payload = response.body
+            data = payload if isinstance(payload, bytes) else await payload.as_bytes()
+            return httpx.Response(response.status, headers={"content-type": "application/json"}, content=data)
+
+    return InProcessTransport()
+
+
+class OpenAIInProcessManager(ProxyEnvManager):
+    """ProxyEnvManager whose agents use the stock openai client over `inprocess_transport`."""
+
+    def __init__(self, engine: Any, config: ManagerConfig) -> None:
+        from arl.intercept.server import ProxyServer
+
+        # transport="http": the episodes register with / close on the server, which never listens.
+        super().__init__(engine, config, transport="http", server=ProxyServer())
+
+    async def _client_for(self, env_id: str, handler: Any) -> Any:
+        import openai
+
+        self.server.register(env_id, handler)
+        if self._http_client is None:
+            self._http_client = _httpx().AsyncClient(transport=inprocess_transport(self.server))
+        return openai.AsyncOpenAI(base_url="http://arl.inprocess/v1", api_key=env_id, max_retries=0,
+                                  http_client=self._http_client)
+
 
 # name -> factory(engine, config) -> EnvManager (or an async context manager yielding one)
 MANAGERS: dict[str, Callable[[Any, ManagerConfig], Any]] = {
     "traj": TrajEnvManager,
     "step": StepEnvManager,
-    # GymRunner agents: the same episodes as "traj", through InProcessClient / the HTTP proxy
+    # GymRunner agents: the same episodes as "traj", through InProcessClient / openai / the HTTP proxy
     "proxy-inprocess": lambda engine, config: ProxyEnvManager(engine, config, transport="inprocess"),
+    "proxy-openai-inproc": OpenAIInProcessManager,
     "proxy-http": lambda engine, config: ProxyEnvManager(engine, config, transport="http"),
 }
 
@@ -55,76 +148,272 @@ async def _entered(obj: Any):
         yield obj
 
 
-async def bench_manager(name: str, args: argparse.Namespace) -> list[dict]:
+# -- exclusive-time instrumentation --------------------------------------------------------------
+
+
+class Timers:
+    """Exclusive time per category over temporally nested calls (valid with one episode at a time).
+
+    Time with no timer running is "scheduling". An opaque category (engine, env, tokenization)
+    swallows the timers of what it calls."""
+
+    def __init__(self) -> None:
+        self.acc = dict.fromkeys(CATEGORIES, 0.0)
+        self.stack: list[str] = []
+        self.opaque = 0
+        self.last = CLOCK()
+
+    def _charge(self, now: float) -> None:
+        self.acc[self.stack[-1] if self.stack else "scheduling"] += now - self.last
+        self.last = now
+
+    def enter(self, category: str, opaque: bool) -> bool:
+        if self.opaque:
+            return False
+        self._charge(CLOCK())
+        self.stack.append(category)
+        self.opaque += opaque
+        return True
+
+    def exit(self, opaque: bool) -> None:
+        self._charge(CLOCK())
+        self.stack.pop()
+        self.opaque -= opaque
+
+    def wrap(self, fn: Callable, category: str, opaque: bool = False) -> Callable:
+        """`fn` timed; a call that returns a coroutine stays timed until that coroutine is done."""
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            pushed = self.enter(category, opaque)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                if pushed:
+                    self.exit(opaque)
+                raise
+            if not inspect.iscoroutine(result):
+                if pushed:
+                    self.exit(opaque)
+                return result
+
+            async def finish() -> Any:
+                try:
+                    return await result
+                finally:
+                    if pushed:
+                        self.exit(opaque)
+
+            return finish()
+
+        return timed
+
+
+@contextlib.contextmanager
+def instrumented(timers: Timers, engine: Any, manager: Any):
+    """Patch timers into the classes and instances a rollout goes through; undo on exit."""
+    import openai.resources.chat.completions as oa
+
+    import arl.rollout.proxy as proxy_mod
+    from arl.agents import gym_runner
+    from arl.envs.text import TextEnv
+    from arl.intercept import client as client_mod
+    from arl.intercept.server import ProxyServer
+    from arl.intercept.tracker import MessageTracker
+    from arl.rollout.base import EnvManager
+
+    patches: list[tuple[Any, str, str, bool]] = [
+        (TextEnv, "__init__", "env", True), (TextEnv, "reset", "env", True), (TextEnv, "step", "env", True),
+        (MessageTracker, "prepare", "tracker", False), (MessageTracker, "commit", "tracker", False),
+        (MessageTracker, "traj_samples", "tracker", False), (MessageTracker, "step_samples", "tracker", False),
+        (oa.AsyncCompletions, "create", "http/json", False), (client_mod._Completions, "create", "http/json", False),
+        (ProxyServer, "_chat", "http/json", False), (proxy_mod, "make_completion", "http/json", False),
+        (gym_runner._GameRunner, "run_job", "agent code", False),
+        (EnvManager, "run_episode", "manager code", False), (ProxyEnvManager, "run_episode", "manager code", False),
+        (ProxyEnvManager, "_handle", "manager code", False),
+    ]
+    tok = engine.tokenizer
+    instance_patches = [(engine, "generate", "engine", True)] + [
+        (tok, name, "tokenization", True)
+        for name in ("apply_chat_template", "encode", "decode", "convert_ids_to_tokens")
+    ]
+    saved = []
+    try:
+        for owner, name, category, opaque in patches:
+            original = owner.__dict__[name] if name in vars(owner) else getattr(owner, name)
+            saved.append((owner, name, original, name in vars(owner)))
+            setattr(owner, name, timers.wrap(original, category, opaque))
+        for owner, name, category, opaque in instance_patches:
+            saved.append((owner, name, None, False))
+            setattr(owner, name, timers.wrap(getattr(owner, name), category, opaque))
+        yield
+    finally:
+        for owner, name, original, own in reversed(saved):
+            if original is None or not own:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+
+
+# -- the benchmark -------------------------------------------------------------------------------
+
+
+def _config() -> ManagerConfig:
+    return ManagerConfig(max_tokens=32)
+
+
+def _rotated(names: list[str], r: int) -> list[str]:
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+async def bench_managers(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """Every manager at every concurrency, the managers interleaved inside each repeat (their
+    order rotating), so load drift on a shared machine hits them alike; then the breakdown pass."""
     engine = make_engine(backend="scripted", model="tiny", scripted={"invalid_rate": 0.2})
-    config = ManagerConfig(max_tokens=32)
-    rows = []
-    async with engine, _entered(MANAGERS[name](engine, config)) as manager:
+    names = list(args.managers)
+    rows: list[dict] = []
+    breakdowns: list[dict] = []
+    async with engine, contextlib.AsyncExitStack() as stack:
+        managers = {n: await stack.enter_async_context(_entered(MANAGERS[n](engine, _config()))) for n in names}
         for c in args.concurrency:
             sched = GroupScheduler(ENV_ID, num_groups=args.episodes // 4, group_size=4, max_concurrency=c)
-            await sched.run(manager, sched.specs(0)[:4])  # warm-up (tokenizer caches, env imports)
-            runs, turns, parts = [], 0, {"generate": [], "env": []}
+            rec = {n: {"wall": [], "cpu": [], "wall_sample": [], "cpu_sample": [], "turns": 0, "samples": 0}
+                   for n in names}
+            for n in names:  # warm-up (tokenizer caches, env imports, connection pools)
+                await sched.run(managers[n], sched.specs(0)[:8])
             for r in range(args.repeats):
-                start = time.perf_counter()
-                batch = await sched.run(manager, sched.specs(r + 1))
-                wall = time.perf_counter() - start
-                turns = int(batch.metrics["rollout/num_turns"])
-                abnormal = batch.metrics["rollout/abnormal_rate"]
-                if abnormal:
-                    raise RuntimeError(f"{name}: {abnormal:.0%} of episodes ended abnormally")
-                runs.append(wall / turns * 1e6)
-                for key, values in parts.items():
-                    values.append(sum(e.trajectory.timings[key] for e in batch.episodes) / turns * 1e6)
-            row = {"manager": name, "concurrency": c, "us_per_turn": statistics.median(runs),
-                   "spread": (min(runs), max(runs)), "turns": turns}
-            if c == 1:  # with one episode at a time the timings do not overlap: a breakdown
-                row.update({f"{k}_us": statistics.median(v) for k, v in parts.items()})
-            rows.append(row)
-    return rows
+                for n in _rotated(names, r):
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    batch = await sched.run(managers[n], sched.specs(r + 1))
+                    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+                    if batch.metrics["rollout/abnormal_rate"]:
+                        raise RuntimeError(f"{n}: {batch.metrics['rollout/abnormal_rate']:.0%} abnormal episodes")
+                    turns, samples = int(batch.metrics["rollout/num_turns"]), len(batch.samples)
+                    rec[n].update(turns=turns, samples=samples)
+                    rec[n]["wall"].append(wall / turns * 1e6)
+                    rec[n]["cpu"].append(cpu / turns * 1e6)
+                    rec[n]["wall_sample"].append(wall / samples * 1e6)
+                    rec[n]["cpu_sample"].append(cpu / samples * 1e6)
+            for n in names:
+                row = {"manager": n, "concurrency": c, "cpu_us_per_turn": summary(rec[n]["cpu"]),
+                       "us_per_turn": summary(rec[n]["wall"]), "cpu_us_per_sample": summary(rec[n]["cpu_sample"]),
+                       "us_per_sample": summary(rec[n]["wall_sample"]), "turns": rec[n]["turns"],
+                       "samples": rec[n]["samples"], "episodes": args.episodes}
+                if "traj" in rec:  # per repeat, against traj's run of the same repeat
+                    row["cpu_ratio_to_traj"] = summary([a / b for a, b in zip(rec[n]["cpu"], rec["traj"]["cpu"])])
+                    row["ratio_to_traj"] = summary([a / b for a, b in zip(rec[n]["wall"], rec["traj"]["wall"])])
+                rows.append(row)
+        if args.breakdown:
+            parts = {n: {k: [] for k in (*CATEGORIES, "total")} for n in names}
+            sched = GroupScheduler(ENV_ID, num_groups=args.breakdown_episodes // 4, group_size=4, max_concurrency=1)
+            for r in range(args.repeats):
+                for n in _rotated(names, r):
+                    timers = Timers()
+                    with instrumented(timers, engine, managers[n]):
+                        timers.last = start = CLOCK()
+                        batch = await sched.run(managers[n], sched.specs(r + 1))
+                        timers._charge(CLOCK())
+                        total = CLOCK() - start
+                    turns = batch.metrics["rollout/num_turns"]
+                    for k, v in timers.acc.items():
+                        parts[n][k].append(v / turns * 1e6)
+                    parts[n]["total"].append(total / turns * 1e6)
+            for n in names:
+                breakdowns.append({"manager": n, **{k: statistics.median(v) for k, v in parts[n].items()},
+                                   "total_spread": (min(parts[n]["total"]), max(parts[n]["total"]))})
+    return rows, breakdowns
 
 
 async def bench_engine_only(args: argparse.Namespace) -> dict:
     """The scripted engine's own cost per call, on a first-turn-sized prompt."""
-    engine = make_engine(backend="scripted", model="tiny")
-    async with engine:
+    async with make_engine(backend="scripted", model="tiny") as engine:
         prompt = list(range(3, 403))  # ~ a Sokoban first prompt
-        n = 200 if args.quick else 2000
-        start = time.perf_counter()
-        for i in range(n):
-            await engine.generate(prompt, SamplingParams(max_tokens=32, seed=i))
-        us = (time.perf_counter() - start) / n * 1e6
-    return {"manager": "engine only", "concurrency": 1, "us_per_turn": us, "spread": (us, us), "turns": n}
+        n = 200 if args.quick else 1000
+        runs = []
+        for r in range(args.repeats):
+            start = CLOCK()
+            for i in range(n):
+                await engine.generate(prompt, SamplingParams(max_tokens=32, seed=r * n + i))
+            runs.append((CLOCK() - start) / n * 1e6)
+    return {"manager": "engine only (scripted generate)", "us_per_turn": summary(runs)}
+
+
+def bench_floor(args: argparse.Namespace) -> dict:
+    """Per turn: a bare TextEnv.step on an answer string + tokenizing the new user message."""
+    from transformers import AutoTokenizer
+
+    from arl.envs.prompts import traj_user_message
+    from arl.envs.text import TextEnv
+    from arl.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("tiny"))
+    env = TextEnv(ENV_ID)
+    answers = ["<answer>Up</answer>", "<answer>Left</answer>", "I think I will go up", "<answer>Down</answer>",
+               "<answer>Right</answer>"]
+    step_us, tok_us = [], []
+    n_turns = 500 if args.quick else 3000
+    for r in range(args.repeats):
+        obs, _ = env.reset(seed=r)
+        t_step = t_tok = 0.0
+        for i in range(n_turns):
+            t0 = CLOCK()
+            obs, _, terminated, truncated, _ = env.step(answers[i % len(answers)])
+            t1 = CLOCK()
+            tok.encode(traj_user_message(i + 2, obs, 5, 32), add_special_tokens=False)
+            t2 = CLOCK()
+            t_step += t1 - t0
+            t_tok += t2 - t1
+            if terminated or truncated:
+                env.reset(seed=r * n_turns + i)  # untimed
+        step_us.append(t_step / n_turns * 1e6)
+        tok_us.append(t_tok / n_turns * 1e6)
+    total = [a + b for a, b in zip(step_us, tok_us, strict=True)]
+    return {"manager": "physical floor (env.step + tokenize new message)", "us_per_turn": summary(total),
+            "env_step_us": statistics.median(step_us), "tokenize_us": statistics.median(tok_us)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--managers", nargs="+", default=list(MANAGERS), choices=list(MANAGERS))
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--episodes", type=int, default=64, help="episodes per repeat (multiple of 4)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="smoke size: 16 episodes, 1 repeat")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 128])
+    parser.add_argument("--episodes", type=int, default=128, help="episodes per repeat (multiple of 4)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-breakdown", dest="breakdown", action="store_false")
+    parser.add_argument("--breakdown-episodes", type=int, default=64, help="episodes per breakdown pass")
+    parser.add_argument("--quick", action="store_true", help="smoke size: 8 episodes, 1 repeat, concurrency 1 8")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/overhead.json")
     args = parser.parse_args()
     if args.quick:
-        args.episodes, args.repeats = 16, 1
+        args.episodes, args.repeats, args.concurrency, args.breakdown_episodes = 8, 1, [1, 8], 8
     args.episodes = max(4, args.episodes - args.episodes % 4)
+    args.breakdown_episodes = max(4, args.breakdown_episodes - args.breakdown_episodes % 4)
+    started = time.perf_counter()
 
-    rows = [asyncio.run(bench_engine_only(args))]
-    for name in args.managers:
-        rows += asyncio.run(bench_manager(name, args))
-    print(f"scripted engine, {ENV_ID}, {args.episodes} episodes/repeat, "
-          f"median of {args.repeats} (min-max), microseconds per agent turn")
-    print("| manager | concurrency | us/turn | of which engine | of which env | turns/repeat |")
-    print("|---|---|---|---|---|---|")
+    fixed = [bench_floor(args), asyncio.run(bench_engine_only(args))]
+    rows, breakdowns = asyncio.run(bench_managers(args))
+
+    print(f"\nscripted engine, {ENV_ID}, {args.episodes} episodes/repeat, max_tokens 32; microseconds, "
+          f"median of {args.repeats} (min–max); CPU = process CPU time, wall = elapsed; "
+          "vs traj = CPU ratio to traj's run in the same repeat")
+    out_rows = [[f["manager"], "-", cell(f["us_per_turn"]), "-", "-", "-"] for f in fixed]
     for row in rows:
-        lo, hi = row["spread"]
-        gen, env = (f"{row[k]:.0f}" if k in row else "-" for k in ("generate_us", "env_us"))
-        print(f"| {row['manager']} | {row['concurrency']} | {row['us_per_turn']:.0f} ({lo:.0f}-{hi:.0f}) "
-              f"| {gen} | {env} | {row['turns']} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": platform.platform(), "python": platform.python_version(),
-            "args": {k: v for k, v in vars(args).items() if k != "out"}}
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
+        ratio = row.get("cpu_ratio_to_traj")
+        out_rows.append([row["manager"], row["concurrency"], cell(row["cpu_us_per_turn"]), cell(row["us_per_turn"]),
+                         cell(row["cpu_us_per_sample"]), cell(ratio, "{:.2f}") if ratio else "-"])
+    print(table(["manager", "concurrency", "CPU us / turn", "wall us / turn", "CPU us / sample", "vs traj"],
+                out_rows))
+    if breakdowns:
+        print(f"\nbreakdown at concurrency 1 ({args.breakdown_episodes} episodes), CPU us per turn, exclusive time, "
+              f"median of {args.repeats}")
+        print(table(["manager", *CATEGORIES, "total (instrumented)"],
+                    [[b["manager"], *(f"{b[k]:.0f}" for k in CATEGORIES), f"{b['total']:.0f}"] for b in breakdowns]))
+    floor = fixed[0]
+    print(f"physical floor: env.step {floor['env_step_us']:.1f} us + tokenize {floor['tokenize_us']:.1f} us "
+          f"= {floor['us_per_turn']['median']:.1f} us per turn")
+    write_result(args.out or result_path("overhead", args.quick), args,
+                 {"fixed": fixed, "rows": rows, "breakdown": breakdowns}, started)
 
 
 if __name__ == "__main__":

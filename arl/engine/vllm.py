@@ -109,6 +109,27 @@ def engine_kwargs(
     return kw
 
 
+# In-process engines alive in this process. vLLM's EngineCore.shutdown() tears down the
+# process-global distributed state (model-parallel groups) that every in-process engine shares,
+# so only the last engine to close may run that teardown; the others would be left broken.
+_LIVE: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _shutdown_core(engine: Any, last: bool) -> None:
+    import vllm.v1.engine.core as core
+
+    if last:
+        engine.engine_core.shutdown()
+        return
+    teardown = core.cleanup_dist_env_and_memory
+    core.cleanup_dist_env_and_memory = lambda *args, **kwargs: None
+    try:
+        engine.engine_core.shutdown()
+    finally:
+        core.cleanup_dist_env_and_memory = teardown
+
+
 @attrs.define
 class _Pending:
     loop: asyncio.AbstractEventLoop
@@ -153,6 +174,8 @@ class VLLMEngine(BaseEngine):
         self._dead: BaseException | None = None
         self._thread = threading.Thread(target=self._drive, name="arl-vllm-driver", daemon=True)
         self._thread.start()
+        with _LIVE_LOCK:
+            _LIVE.add(id(self))
 
     # -- driver thread -----------------------------------------------------------------------------
     def _drive(self) -> None:
@@ -243,9 +266,12 @@ class VLLMEngine(BaseEngine):
         self._stop = True
         self._work.set()
         self._thread.join(timeout=30)
+        with _LIVE_LOCK:
+            _LIVE.discard(id(self))
+            last = not _LIVE
         with self._lock:
             self._fail_all(EngineError("engine closed while the request was running"))
-            self._engine.engine_core.shutdown()
+            _shutdown_core(self._engine, last)
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

@@ -207,3 +207,13 @@ def test_unknown_model_lists_known_names():
 
     with pytest.raises(UnknownModelError, match="smollm2-135m.*tiny|tiny.*smollm2-135m"):
         resolve_model("no-such-model")
+
+
+@pytest.mark.vllm
+async def test_closing_one_in_process_engine_leaves_the_others_serving(vllm_engine, prompt):
+    """vLLM's shutdown tears down process-global state; arl runs it only for the last engine."""
+    other = make_engine(backend="vllm", model="tiny", max_model_len=512, kv_cache_memory_bytes=32 * 2**20)
+    await other.generate(prompt, SamplingParams(max_tokens=2, seed=0))
+    await other.close()
+    gen = await vllm_engine.generate(prompt, SamplingParams(max_tokens=4, seed=0))
+    assert len(gen.token_ids) == 4 or gen.finish_reason == "stop"
