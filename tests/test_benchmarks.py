@@ -1,0 +1,90 @@
+"""Every benchmark script runs at its smoke size (`--quick`), prints a table and writes its JSON.
+
+So the scripts cannot rot: each runs as a subprocess exactly as the README's commands run it.
+The ones that start a real vLLM engine are marked `vllm`. benchmarks/envs.py has its own test
+(tests/envs). The peer comparisons need a separate venv (gem-llm, TRL) that CI does not have:
+without it the script must still run arl's side and say the peers were skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, tmp_path: Path, *args: str, timeout: float = 240, env: dict | None = None) -> dict:
+    out = tmp_path / f"{Path(script).stem}.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(out), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "|---|" in proc.stdout, proc.stdout[-3000:]  # a markdown table was printed
+    result = json.loads(out.read_text())
+    assert result["meta"]["args"]["quick"] is True
+    return result
+
+
+def test_overhead_quick(tmp_path):
+    result = _run("overhead.py", tmp_path)
+    managers = {row["manager"] for row in result["rows"]}
+    assert managers == {"traj", "step", "proxy-inprocess", "proxy-openai-inproc", "proxy-http"}
+    for row in result["rows"]:
+        assert row["us_per_turn"]["median"] > 0 and row["turns"] > 0
+    for b in result["breakdown"]:  # the parts add up to the instrumented total
+        parts = sum(b[k] for k in ("engine", "env", "tokenization", "tracker", "http/json", "agent code",
+                                   "manager code", "scheduling"))
+        assert parts == pytest.approx(b["total"], rel=0.05)
+    assert result["fixed"][0]["us_per_turn"]["median"] > 0  # the physical floor
+
+
+def test_peers_quick_without_peer_venv(tmp_path):
+    # envs part only: arl's FrozenLake vs gymnasium runs in arl's venv; gem rows skipped without the venv
+    result = _run("peers.py", tmp_path, "envs", "--peer-python", str(tmp_path / "missing-python"))
+    rows = result["envs"]["rows"]
+    assert rows and rows[-1]["peer"].startswith("gymnasium FrozenLake-v1")
+    assert rows[-1]["reset_ratio"]["median"] > 0
+
+
+@pytest.mark.vllm
+def test_engines_quick(tmp_path):
+    result = _run("engines.py", tmp_path, "--backends", "vllm")
+    assert result["rows"][0]["backend"] == "vllm"
+
+
+@pytest.mark.vllm
+def test_rollout_quick(tmp_path):
+    result = _run("rollout.py", tmp_path, "--managers", "traj", "proxy-inprocess")
+    rows = result["results"][0]["rows"]
+    assert {r["manager"] for r in rows} == {"traj", "proxy-inprocess"}
+    for r in rows:
+        assert r["tokens"] > 0 and 0 < r["ratio"]["median"] < 5
+
+
+@pytest.mark.vllm
+def test_trainer_step_quick(tmp_path):
+    result = _run("trainer_step.py", tmp_path)
+    assert len(result["steps"]) == 2
+    assert set(result["phases"]) >= {"rollout", "advantages", "update", "weight_push"}
+    assert 0 < result["weight_push_share"] < 1
+
+
+def test_arl_bench_cli_passes_arguments(tmp_path):
+    out = tmp_path / "o.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "arl.cli", "bench", "overhead", "--quick", "--managers", "traj",
+         "--no-breakdown", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert {r["manager"] for r in json.loads(out.read_text())["rows"]} == {"traj"}
+    proc = subprocess.run([sys.executable, "-m", "arl.cli", "bench", "no-such-benchmark"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "overhead" in proc.stderr
