@@ -302,8 +302,8 @@ async def bench_managers(args: argparse.Namespace) -> tuple[list[dict], list[dic
                        "us_per_sample": summary(rec[n]["wall_sample"]), "turns": rec[n]["turns"],
                        "samples": rec[n]["samples"], "episodes": args.episodes}
                 if "traj" in rec:  # per repeat, against traj's run of the same repeat
-                    row["cpu_ratio_to_traj"] = summary([a / b for a, b in zip(rec[n]["cpu"], rec["traj"]["cpu"])])
-                    row["ratio_to_traj"] = summary([a / b for a, b in zip(rec[n]["wall"], rec["traj"]["wall"])])
+                    row["cpu_ratio_to_traj"] = summary([a / b for a, b in zip(rec[n]["cpu"], rec["traj"]["cpu"], strict=True)])
+                    row["ratio_to_traj"] = summary([a / b for a, b in zip(rec[n]["wall"], rec["traj"]["wall"], strict=True)])
                 rows.append(row)
         if args.breakdown:
             parts = {n: {k: [] for k in (*CATEGORIES, "total")} for n in names}

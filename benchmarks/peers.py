@@ -164,10 +164,10 @@ def worker_gem() -> None:
             snapshot = copy.deepcopy(env)
             live = {"env": env}
 
-            def restore(_seed: int) -> None:
+            def restore(_seed: int, live: dict = live, snapshot: Any = snapshot) -> None:
                 live["env"] = copy.deepcopy(snapshot)
 
-            def step(action: str) -> bool:
+            def step(action: str, live: dict = live) -> bool:
                 _, _, terminated, truncated, _ = live["env"].step(action)
                 return terminated or truncated
 

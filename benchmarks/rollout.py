@@ -66,7 +66,7 @@ async def _replay(engine: Any, batch: Any, seed: int) -> tuple[float, int]:
               for i, t in enumerate(turns)]
     _reset_cache(engine)
     start = time.perf_counter()
-    gens = await asyncio.gather(*[engine.generate(list(t.prompt_ids), p) for t, p in zip(turns, params)])
+    gens = await asyncio.gather(*[engine.generate(list(t.prompt_ids), p) for t, p in zip(turns, params, strict=True)])
     return time.perf_counter() - start, sum(len(g.token_ids) for g in gens)
 
 
@@ -108,7 +108,7 @@ async def bench_backend(backend: str, args: argparse.Namespace) -> dict:
         sched = GroupScheduler(ENV_ID, num_groups=args.groups, group_size=args.group_size,
                                max_concurrency=n_episodes)
         # warm-up: every manager once on a small batch, and the raw path
-        for name, manager in managers.items():
+        for manager in managers.values():
             await sched.run(manager, sched.specs(10_000)[: args.group_size])
         await _raw(engine, prompt, 2, 8, seed=0)
         for r in range(args.repeats):
