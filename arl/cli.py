@@ -148,7 +148,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{args.name}.py"
     if not script.exists():
-        known = sorted(p.stem for p in script.parent.glob("*.py")) if script.parent.exists() else []
+        known = sorted(p.stem for p in script.parent.glob("[!_]*.py")) if script.parent.exists() else []
         print(f"arl bench: no benchmark {args.name!r} (known: {', '.join(known) or 'none: needs the repo checkout'})",
               file=sys.stderr)
         return 2
