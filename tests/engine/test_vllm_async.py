@@ -275,7 +275,8 @@ def test_update_weights_matches_transformers(engine, hf_model):
 def test_close_fails_inflight_and_leaves_no_process(engine):
     """Runs last: closes the module engine, then builds one inside a running loop and closes it."""
     # other fixtures' engines (e.g. the session hf engine's worker) may hold threads of their own
-    threads_before = {t.ident for t in threading.enumerate() if not t.daemon}
+    threads_before = {t.ident for t in threading.enumerate() if not t.daemon or t.name == "arl-vllm-async-loop"}
+    threads_before.discard(getattr(engine, "_thread", None) and engine._thread.ident)
 
     async def close_while_running():
         long = asyncio.create_task(
@@ -300,6 +301,6 @@ def test_close_fails_inflight_and_leaves_no_process(engine):
 
     run(inside_loop())
     assert child_pids() <= BEFORE
-    ours = [t for t in threading.enumerate() if t.name == "arl-vllm-async-loop"]
+    ours = [t for t in threading.enumerate() if t.name == "arl-vllm-async-loop" and t.ident not in threads_before]
     assert ours == []
     assert [t for t in threading.enumerate() if not t.daemon and t.ident not in threads_before] == []
