@@ -16,15 +16,19 @@ SYSTEM_PROMPT = (
 FORMAT_RULE = "output format is '<answer> [your answer] </answer>' with no extra text."
 
 
+def format_reminder(actions_left: int, max_tokens: int) -> str:
+    """The closing lines of every anchor prompt: the answer format, actions left, length limit."""
+    return (
+        f"Strictly follow this format: 1. {FORMAT_RULE} 2. You have {actions_left} actions left. "
+        f"3. Max response length: {max_tokens} words (tokens).\nDecide the next action:"
+    )
+
+
 def traj_user_message(
     turn: int, observation: str, actions_left: int, max_tokens: int, instructions: str | None = None
 ) -> str:
     """User message of turn `turn` (1-based) in trajectory mode; the first carries the instructions."""
-    text = (
-        f"Turn {turn}:\nObservation:\n{observation}\n"
-        f"Strictly follow this format: 1. {FORMAT_RULE} 2. You have {actions_left} actions left. "
-        f"3. Max response length: {max_tokens} words (tokens).\nDecide the next action:"
-    )
+    text = f"Turn {turn}:\nObservation:\n{observation}\n{format_reminder(actions_left, max_tokens)}"
     return f"{instructions}\n\n{text}" if instructions else text
 
 
@@ -65,10 +69,7 @@ def step_user_message(
             parts.append(f"Step {first + i + 1}:\nObservation:\n{obs}\nAction: {action}\nReward: {reward:g}")
         parts.append("")
     parts.append(f"Your current observation is:\n{observation}")
-    parts.append(
-        f"Strictly follow this format: 1. {FORMAT_RULE} 2. You have {actions_left} actions left. "
-        f"3. Max response length: {max_tokens} words (tokens).\nDecide the next action:"
-    )
+    parts.append(format_reminder(actions_left, max_tokens))
     return "\n".join(parts)
 
 
