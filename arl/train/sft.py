@@ -47,7 +47,9 @@ async def format_warm_start(trainer: Any) -> dict[str, float]:
 
 def _sft_update(model: Any, optimizer: Any, samples: list, trainer: Any, c: Any) -> float:
     """One optimizer step of token-mean cross-entropy over the batch's response tokens."""
-    batch = collate(samples, pad_id=trainer.tokenizer.pad_token_id or 0)
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) if hasattr(v, "to") else v
+             for k, v in collate(samples, pad_id=trainer.tokenizer.pad_token_id or 0).items()}
     mask = batch["response_mask"]
     total = mask.sum().clamp(min=1)
     optimizer.zero_grad(set_to_none=True)

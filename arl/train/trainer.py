@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from arl.algo import entropy_from_logits, gigpo, grpo, loss_normalizers, policy_loss, reinforce, token_logprobs
+from arl.algo import (
+    entropy_from_logits,
+    gigpo,
+    grpo,
+    loss_normalizers,
+    policy_loss,
+    reinforce,
+    token_logprobs,
+)
 from arl.config import TrainConfig, unstructure
 from arl.engine import make_engine
 from arl.models import resolve_model
@@ -57,8 +65,9 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         self.tokenizer = self.engine.tokenizer
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(resolve_model(c.model), dtype=torch.float32)
-        self.model.train()
+        self.model.to(self.device).train()
         self.ref_model = copy.deepcopy(self.model).eval() if c.algo.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=c.optim.lr, betas=tuple(c.optim.betas), weight_decay=c.optim.weight_decay
@@ -163,7 +172,7 @@ class Trainer:
         c, o = self.config, self.config.optim
         pad = self.tokenizer.pad_token_id or 0
         batch = collate(samples, pad_id=pad, mask_abnormal=c.rollout.mask_abnormal)
-        adv = torch.tensor(advantages, dtype=torch.float32)
+        adv = torch.tensor(advantages, dtype=torch.float32, device=self.device)
         temperature = max(c.rollout.manager.temperature, 1e-6)
         # PPO's "old" policy is the trainer's own log-probs of the sampled tokens before the update.
         # With one optimizer step per rollout they equal the current ones (ratio == 1, plain policy
@@ -182,7 +191,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 for start in range(0, len(mini), o.micro_batch_size):
                     idx = mini[start : start + o.micro_batch_size]
-                    rows = _trim(batch, idx)
+                    rows = _trim(batch, idx, self.device)
                     logits = self.model(
                         input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
                         position_ids=rows["position_ids"],
@@ -190,12 +199,13 @@ class Trainer:
                     logp = token_logprobs(logits, rows["input_ids"], temperature)
                     entropy = entropy_from_logits(logits, temperature) if c.algo.entropy_coef > 0 else None
                     width = logp.shape[1]
-                    old_logp = logp.detach() if old is None else old[idx, :width]
+                    old_logp = logp.detach() if old is None else old[idx, :width].to(self.device)
                     loss, m = policy_loss(
                         logp, old_logp, adv[idx], rows["response_mask"],
                         clip_eps_low=c.algo.clip_eps_low, clip_eps_high=c.algo.clip_eps_high,
                         dual_clip=c.algo.dual_clip, agg=c.algo.agg,
-                        ref_logprobs=None if ref is None else ref[idx, :width], kl_coef=c.algo.kl_coef,
+                        ref_logprobs=None if ref is None else ref[idx, :width].to(self.device),
+                        kl_coef=c.algo.kl_coef,
                         entropy=entropy, entropy_coef=c.algo.entropy_coef,
                         engine_logprobs=rows["logprobs"], is_cap=c.algo.is_cap, is_level=c.algo.is_level,
                         **norms,
@@ -225,12 +235,12 @@ class Trainer:
         idx = np.fromiter(indices, dtype=np.int64)
         out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
         for start in range(0, len(idx), self.config.optim.micro_batch_size):
-            rows = _trim(batch, idx[start : start + self.config.optim.micro_batch_size])
+            rows = _trim(batch, idx[start : start + self.config.optim.micro_batch_size], self.device)
             logits = model(
                 input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], position_ids=rows["position_ids"]
             ).logits
             lp = token_logprobs(logits, rows["input_ids"], temperature)
-            out[idx[start : start + len(lp)], : lp.shape[1]] = lp
+            out[idx[start : start + len(lp)], : lp.shape[1]] = lp.cpu()
         return out
 
     async def push_weights(self) -> None:
@@ -311,12 +321,12 @@ def _clear_run_dir(run_dir: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _trim(batch: dict[str, Any], idx: Any) -> dict[str, torch.Tensor]:
+def _trim(batch: dict[str, Any], idx: Any, device: torch.device) -> dict[str, torch.Tensor]:
     """Rows `idx` of the padded batch, cut to their longest real length (less padding compute)."""
     idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
     width = int(batch["attention_mask"][idx].sum(dim=1).max())
     keys = ("input_ids", "attention_mask", "position_ids", "response_mask", "logprobs")
-    return {k: batch[k][idx, :width] for k in keys}
+    return {k: batch[k][idx, :width].to(device) for k in keys}
 
 
 __all__ = ["ManagerConfig", "Trainer", "evaluation_metrics"]
