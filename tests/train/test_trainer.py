@@ -166,3 +166,12 @@ def test_every_shipped_config_loads():
         first = path.read_text().splitlines()[0]
         assert first.startswith("#") and "arl train" in first, f"{path.name}: first line must be its command"
         load_config(path)
+
+
+async def test_ppo_mini_batches_and_epochs_use_the_old_policy(tmp_path):
+    """Several optimizer steps per rollout: the ratio leaves 1 and clipping can engage."""
+    config = small_config(tmp_path, "optim.mini_batches=2", "optim.epochs=2", "optim.lr=0.05", "steps=1")
+    async with Trainer(config, engine=scripted(config)) as trainer:
+        metrics = await trainer.step()
+    assert metrics["train/ratio_max"] > 1.0
+    assert metrics["train/skipped_updates"] == 0
