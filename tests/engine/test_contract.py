@@ -171,6 +171,27 @@ async def test_update_weights_matches_fresh_hf_model(model_engine, prompt, tiny_
         await model_engine.update_weights(list(original.state_dict().items()))
 
 
+async def test_stops_at_eos_with_finish_stop(model_engine, tiny_path):
+    """Point the EOS embedding (tied to the output layer) at the prompt's last hidden state, so EOS
+    becomes the greedy next token: the engine must emit it, keep it, and report "stop"."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    eos = model_engine.tokenizer.eos_token_id
+    prompt = list(range(5, 25))  # no EOS inside the prompt, so its new embedding changes nothing there
+    with torch.no_grad():
+        hidden = model.model(input_ids=torch.tensor([prompt])).last_hidden_state[0, -1]
+        model.model.embed_tokens.weight[eos] = 50 * hidden / hidden.norm()
+    try:
+        await model_engine.update_weights(list(model.state_dict().items()))
+        gen = await model_engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0))
+        assert gen.token_ids == [eos] and gen.finish_reason == "stop"
+    finally:
+        await model_engine.update_weights(list(original.state_dict().items()))
+
+
 @pytest.mark.vllm
 async def test_greedy_vllm_equals_greedy_hf(vllm_engine, hf_engine, prompt):
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
