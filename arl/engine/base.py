@@ -7,6 +7,7 @@ Errors are typed so the rollout boundary can turn them into data.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -83,7 +84,7 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-class BaseEngine:
+class BaseEngine(abc.ABC):
     """Shared plumbing: prompt validation, closed state, policy version, `async with`.
 
     Backends implement `_generate_one(prompt_ids, params) -> Generation` (or override
@@ -118,9 +119,11 @@ class BaseEngine:
 
     async def sleep(self) -> None:
         """Free what memory the backend can between rollouts (no-op where unsupported)."""
+        return None
 
     async def wake(self) -> None:
         """Undo `sleep()`."""
+        return None
 
     async def close(self) -> None:
         if self._closed:
@@ -169,11 +172,13 @@ class BaseEngine:
         if self._closed:
             raise EngineClosedError(f"{self.name} engine is closed")
 
+    @abc.abstractmethod
     async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
-        raise NotImplementedError  # abstract: each backend implements it
+        """Sample `params.n` completions of an already validated prompt."""
 
+    @abc.abstractmethod
     async def _update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        raise NotImplementedError  # abstract: each backend implements it
+        """Load HF-named tensors into the backend's model."""
 
     async def _close(self) -> None:
         return None
