@@ -305,6 +305,12 @@ class EnvManager(abc.ABC):
         traj.success = bool(info.get("success", False))
         return turn, str(info.get("raw_obs", obs)), bool(terminated), bool(truncated)
 
+    def start_episode(self, spec: EpisodeSpec, traj: Trajectory) -> tuple[Any, str, int]:
+        """A fresh env reset to the spec's seed: (env, raw first observation, turn limit)."""
+        env = self.make_env(spec, traj)
+        obs, info = self.env_call(traj, env.reset, seed=spec.seed)
+        return env, str(info.get("raw_obs", obs)), self.turn_limit(env)
+
     def make_env(self, spec: EpisodeSpec, traj: Trajectory) -> Any:
         """A fresh TextEnv for `spec` (construction errors are env errors)."""
         from arl.envs.text import TextEnv

@@ -25,10 +25,7 @@ class StepEnvManager(EnvManager):
 
     async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
         c, tok = self.config, self.tokenizer
-        env = self.make_env(spec, traj)
-        obs, info = self.env_call(traj, env.reset, seed=spec.seed)
-        obs = str(info.get("raw_obs", obs))
-        limit = self.turn_limit(env)
+        env, obs, limit = self.start_episode(spec, traj)
         history: list[tuple[str, str, float]] = []
         traj.exit_reason = "truncated"
         while len(traj.turns) < limit:

@@ -25,10 +25,7 @@ class TrajEnvManager(EnvManager):
 
     async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
         c, tok = self.config, self.tokenizer
-        env = self.make_env(spec, traj)
-        obs, info = self.env_call(traj, env.reset, seed=spec.seed)
-        obs = str(info.get("raw_obs", obs))
-        limit = self.turn_limit(env)
+        env, obs, limit = self.start_episode(spec, traj)
         compact = c.prompt_style == "compact"
         start = compact_messages(obs, limit) if compact else traj_messages_start(obs, limit, c.max_tokens, env.instructions)
         ids = chat_ids(tok, start)
