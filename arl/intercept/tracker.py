@@ -97,9 +97,34 @@ def chain_key(index: int, message: dict[str, Any], parent: str) -> str:
     return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
+def _tools_json(tools: Sequence[dict[str, Any]] | None) -> str:
+    return json.dumps(list(tools), ensure_ascii=False) if tools else "[]"  # order kept: it is rendered
+
+
 def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
-    blob = json.dumps(list(tools or ()), ensure_ascii=False)  # order kept: it is rendered
-    return hashlib.sha256(f"arl-tracker-tools|{blob}".encode()).hexdigest()
+    return _tools_key(_tools_json(tools))
+
+
+@functools.lru_cache(maxsize=256)
+def _tools_key(tools_json: str) -> str:
+    return hashlib.sha256(f"arl-tracker-tools|{tools_json}".encode()).hexdigest()
+
+
+def _memo_key(index: int, message: dict[str, Any], parent: str) -> tuple[Any, ...]:
+    """Everything `chain_key` reads of a normalized message, as a hashable tuple.
+
+    Python caches a str's hash and compares an object to itself by identity, so when an agent
+    re-sends the same message objects (the usual growing history) looking this tuple up costs a
+    few hundred nanoseconds, where `chain_key` JSON-encodes and sha256-hashes the whole content.
+    Raw tool-call arguments are used (not the canonical JSON): they determine the canonical form.
+    """
+    if len(message) == 2:  # normalized {"role", "content"}, the common case; the length tells it apart
+        return (index, message["role"], message["content"], parent)
+    calls = tuple(
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or ()
+    )
+    return (index, message["role"], message["content"], calls, message.get("tool_call_id"), message.get("name"),
+            parent)
 
 
 def _for_template(message: dict[str, Any]) -> dict[str, Any]:
@@ -239,6 +264,9 @@ class MessageTracker:
         self.tools = list(tools) if tools else None
         self._kwargs = tuple(sorted((chat_template_kwargs or {}).items()))
         self._nodes: dict[str, Node] = {}
+        # chain_key memo: every request re-sends the whole history, so without it each call would
+        # re-hash every earlier message (O(turns) sha256 per call). Grows like `_nodes`.
+        self._keys: dict[tuple[Any, ...], str] = {}
         self.requests: list[Request] = []
         self.branches: list[Branch] = []
         self.stats: dict[str, int] = {
@@ -249,12 +277,23 @@ class MessageTracker:
     # -- template parts --------------------------------------------------------------------------
     def template(self, tools: Sequence[dict[str, Any]] | None = None) -> _Template:
         tools = list(tools) if tools else self.tools
+        return self._template(_tools_json(tools))
+
+    def _template(self, tools_json: str) -> _Template:
         try:
-            return _template(self.tokenizer, json.dumps(tools or [], ensure_ascii=False), self._kwargs)
+            return _template(self.tokenizer, tools_json, self._kwargs)
         except TemplateError:
             raise
         except Exception as exc:  # jinja errors, templates that reject the dummy messages
             raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+    def _chain_key(self, index: int, message: dict[str, Any], parent: str) -> str:
+        """`chain_key`, memoized per tracker (see `_memo_key`)."""
+        memo = _memo_key(index, message, parent)
+        key = self._keys.get(memo)
+        if key is None:
+            key = self._keys[memo] = chain_key(index, message, parent)
+        return key
 
     @property
     def end_of_turn_ids(self) -> list[int]:
@@ -282,29 +321,34 @@ class MessageTracker:
         Raises `TemplateError` (a `BadRequest`) when the template cannot render them.
         """
         tools = list(tools) if tools else self.tools
-        tpl = self.template(tools)
-        root = tools_key(tools)
+        tools_json = _tools_json(tools)
+        tpl = self._template(tools_json)
+        root = _tools_key(tools_json)
         key, nodes, known = root, [], None
         observation: str | None = None
+        tokenized = 0
         for i, raw in enumerate(messages):
-            message = normalize_message(raw, i)  # idempotent; cheap next to rendering
-            key = chain_key(i, message, key)
+            message = normalize_message(raw, i)  # idempotent, and quick on a normalized message
+            key = self._chain_key(i, message, key)
             node = self._nodes.get(key)
             if node is None:
                 known = i if known is None else known
                 ids = self._segment(i, message, tools, tpl)
                 node = Node(key, i, message["role"], ids, [0] * len(ids), [0.0] * len(ids))
                 self._nodes[key] = node
-                self.stats["messages_tokenized"] += 1
+                tokenized += 1
                 self.stats["tokens_tokenized"] += len(ids)
                 if message["role"] == "assistant":
                     self.stats["untracked_assistant"] += 1
-            else:
-                self.stats["messages_reused"] += 1
             if message["role"] in ("user", "tool"):
                 observation = message["content"]
             nodes.append(node)
-        prompt_ids = [t for n in nodes for t in n.ids] + list(tpl.gen_prompt_ids)
+        self.stats["messages_tokenized"] += tokenized
+        self.stats["messages_reused"] += len(nodes) - tokenized
+        prompt_ids: list[int] = []
+        for n in nodes:  # list.extend runs in C: a per-token comprehension costs ~10x more
+            prompt_ids += n.ids
+        prompt_ids += tpl.gen_prompt_ids
         return Prompt(
             nodes=nodes, prompt_ids=prompt_ids, tools=tools, root=root, known=len(nodes) if known is None else known,
             observation=observation, state_hash=None if observation is None else state_hash(observation),
@@ -320,7 +364,7 @@ class MessageTracker:
         tpl = self.template(prompt.tools)
         parent = prompt.nodes[-1].key if prompt.nodes else prompt.root
         message = normalize_message(message, len(prompt.nodes))
-        key = chain_key(len(prompt.nodes), message, parent)
+        key = self._chain_key(len(prompt.nodes), message, parent)
         eot = list(tpl.end_of_turn_ids)
         ids = list(token_ids)
         close = [] if eot and ids[-len(eot) :] == eot else eot

@@ -273,3 +273,54 @@ def test_prompts_equal_the_template_rendering(tiny_tokenizer, conversations, rep
     assert sum(sum(x.response_mask) for x in tracker.traj_samples()) == len(ids) * len(distinct)
     for sample in tracker.traj_samples():
         assert sample.input_ids[-1] == tok.eos_token_id
+
+
+# -- the chain-key memo: a cache of chain_key, never a different answer ----------------------------
+
+from arl.intercept.tracker import chain_key, tools_key  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(conversations=st.lists(st.lists(_message, min_size=1, max_size=5), min_size=1, max_size=4))
+def test_memoized_keys_equal_the_hash_chain(tiny_tokenizer, conversations):
+    """Every node key equals `chain_key` recomputed from scratch, however often messages repeat."""
+    from arl.intercept.protocol import normalize_message
+
+    tracker = MessageTracker(tiny_tokenizer)
+    for messages in [*conversations, *conversations]:  # the second pass is served by the memo
+        prompt = tracker.prepare(messages)
+        parent = tools_key(None)
+        for i, (message, node) in enumerate(zip(messages, prompt.nodes, strict=True)):
+            parent = chain_key(i, normalize_message(message, i), parent)
+            assert node.key == parent
+
+
+def test_message_edited_in_place_is_a_new_message(tiny_tokenizer):
+    """The memo keys on a message's values, not on its dict: an agent that edits its history in
+    place gets the edit seen (a fork), exactly as if it had sent a new dict."""
+    tok = tiny_tokenizer
+    tracker, fake = MessageTracker(tok), Fake(tok)
+    history = [dict(SYS), user("first")]
+    _, r0, a0 = fake(tracker, history, "<answer>Up</answer>")
+    history += [a0, user("second")]
+    fake(tracker, history, "<answer>Down</answer>")
+    history[1]["content"] = "first, summarised"  # same dict object, new content
+    prompt, _, _ = fake(tracker, history, "<answer>Left</answer>")
+    assert prompt.known == 1 and tracker.stats["forks"] == 1
+    assert prompt.prompt_ids == chat_ids(tok, history)
+
+
+def test_echoed_arguments_with_other_json_spacing_match(tiny_tokenizer):
+    """Tool-call arguments that differ only in JSON formatting miss the memo (it keys on the raw
+    string) but get the same chain key: the generated reply is still found."""
+    tok = tiny_tokenizer
+    tracker = MessageTracker(tok)
+    m = [SYS, user("go")]
+    prompt = tracker.prepare(m)
+    ids = tok.encode("x", add_special_tokens=False) + [tok.eos_token_id]
+    call = {"id": "c0", "type": "function", "function": {"name": "move", "arguments": '{"direction": "Up", "n": 1}'}}
+    tracker.commit(prompt, ids, [-1.0] * len(ids), "stop", {"role": "assistant", "content": "", "tool_calls": [call]})
+    echoed = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c0", "type": "function", "function": {"name": "move", "arguments": '{"n":1,"direction":"Up"}'}}]}
+    again = tracker.prepare([*m, echoed, {"role": "tool", "tool_call_id": "c0", "content": "ok"}])
+    assert again.known == 3 and tracker.stats["untracked_assistant"] == 0
