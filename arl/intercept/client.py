@@ -56,9 +56,14 @@ def openai_status_error(status: int, body: dict[str, Any]) -> Exception:
     return cls(message, response=response, body=error)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
     """Pydantic models (e.g. a ChatCompletionMessage appended to the history) -> plain data,
     as the stock client serializes them."""
+    if type(value) in _SCALARS:  # most leaves: skip the attribute probe below
+        return value
     if hasattr(value, "model_dump"):
         return _plain(value.model_dump(exclude_unset=True, mode="json"))
     if isinstance(value, dict):
@@ -66,6 +71,15 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def _plain_messages(messages: Any) -> Any:
+    """`_plain` of the message list, leaving a message of plain strings (what agents usually
+    append) as it is: `parse_request` copies what it keeps, so it needs no copy, and each
+    request re-sends the whole history."""
+    if not isinstance(messages, (list, tuple)):
+        return _plain(messages)
+    return [m if type(m) is dict and all(type(v) is str for v in m.values()) else _plain(m) for m in messages]
 
 
 class InProcessClient:
@@ -130,7 +144,7 @@ class _Completions:
             "max_completion_tokens": max_completion_tokens, "temperature": temperature, "top_p": top_p,
             "seed": seed, "n": n, "stop": stop, "logprobs": logprobs, "stream": stream, **kwargs,
         }
-        body = {k: _plain(v) for k, v in fields.items() if v is not None}
+        body = {k: _plain_messages(v) if k == "messages" else _plain(v) for k, v in fields.items() if v is not None}
         body.update(_plain(extra_body or {}))
         try:
             request = parse_request(body)

@@ -118,3 +118,39 @@ def test_parse_request_normalizes_tool_calls():
     call = request.messages[1]["tool_calls"][0]
     assert call == {"id": "c", "type": "function", "function": {"name": "move", "arguments": '{"direction": "Up"}'}}
     assert request.messages[1]["content"] == ""
+
+
+class _Dict(dict):
+    """A dict subclass: `normalize_message` takes its full path for it, never the fast one."""
+
+
+@pytest.mark.parametrize("message", [
+    {"role": r, "content": c} for r in ("system", "developer", "user", "assistant") for c in ("", "x", "é\n<a>")
+] + [
+    {"role": "tool", "content": "x"}, {"role": "bogus", "content": "x"}, {"role": ["user"], "content": "x"},
+    {"role": "user", "content": None}, {"role": "assistant", "content": None}, {"role": "user", "name": "x"},
+    {"role": "user", "content": [{"type": "text", "text": "a"}]},
+])
+def test_normalize_fast_path_agrees_with_the_full_checks(message):
+    from arl.intercept.protocol import normalize_message
+
+    def outcome(m):
+        try:
+            return normalize_message(m, 0)
+        except BadRequest as exc:
+            return ("error", exc.message, exc.param)
+
+    assert outcome(message) == outcome(_Dict(message))
+
+
+async def test_request_keeps_no_reference_to_the_callers_messages():
+    """Plain messages are handed to the validator without a copy; what the handler gets must
+    still be a snapshot, unaffected by the agent editing its history afterwards."""
+    seen: list = []
+    client = InProcessClient(echo_handler(seen), "e")
+    history = [dict(m) for m in MESSAGES]
+    await client.chat.completions.create(model="m", messages=history)
+    history[1]["content"] = "edited"
+    request = seen[0][1]
+    assert request.messages[1] == {"role": "user", "content": "u"}
+    assert all(a is not b for a, b in zip(request.messages, history, strict=True))
