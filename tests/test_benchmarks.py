@@ -88,3 +88,20 @@ def test_arl_bench_cli_passes_arguments(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "arl.cli", "bench", "no-such-benchmark"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and "overhead" in proc.stderr
+
+
+def test_scaling_quick(tmp_path):
+    result = _run("scaling.py", tmp_path, timeout=120)  # ~15-20 s; the smoke size must stay < 60 s
+    args = result["meta"]["args"]
+    managers = {"traj", "step", "proxy-inprocess"}
+    for key, sweep, points in (("concurrency", "concurrency_sweep", args["concurrency"]),
+                               ("turns_per_episode", "length_sweep", args["turns"])):
+        rows = result[sweep]
+        assert {(r["manager"], r[key]) for r in rows} == {(m, p) for m in managers for p in points}
+        for r in rows:
+            for field in ("cpu", "framework", "validate", "wall", "cpu_sample", "turns_per_s"):
+                assert r[field]["median"] > 0, (field, r)
+            assert r["heap_kib_per_episode"] > 0 and r["turns"] > 0
+            assert r["mean_turns"] == r["turns_per_episode"]  # every episode ran its full length
+    plot = Path(result["plot"])
+    assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
