@@ -57,6 +57,7 @@ def openai_status_error(status: int, body: dict[str, Any]) -> Exception:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_STR = frozenset({str})
 
 
 def _plain(value: Any) -> Any:
@@ -79,7 +80,7 @@ def _plain_messages(messages: Any) -> Any:
     request re-sends the whole history."""
     if not isinstance(messages, (list, tuple)):
         return _plain(messages)
-    return [m if type(m) is dict and all(type(v) is str for v in m.values()) else _plain(m) for m in messages]
+    return [m if type(m) is dict and _STR.issuperset(map(type, m.values())) else _plain(m) for m in messages]
 
 
 class InProcessClient:
@@ -92,7 +93,14 @@ class InProcessClient:
         self.api_key = env_id
         self.model = model
         self.base_url = URL.rsplit("/chat/completions", 1)[0] + "/"
-        self.chat = _Chat(self)
+
+    @property
+    def chat(self) -> _Chat:
+        """``client.chat.completions.create``. Built on each access, not stored: a stored one
+        would point back at the client, and that reference cycle would keep the handler and
+        everything it holds (a proxy episode's tracker: nodes, prompts, token lists) alive until
+        a full garbage collection instead of freeing it when the agent drops the client."""
+        return _Chat(self)
 
     async def close(self) -> None:
         return None

@@ -154,3 +154,23 @@ async def test_request_keeps_no_reference_to_the_callers_messages():
     request = seen[0][1]
     assert request.messages[1] == {"role": "user", "content": "u"}
     assert all(a is not b for a, b in zip(request.messages, history, strict=True))
+
+
+async def test_client_is_freed_without_the_cycle_collector():
+    """No reference cycle through the client: dropping it frees it (and the handler's state, a
+    proxy episode's whole tracker) at once, not at the next full garbage collection."""
+    import gc
+    import weakref
+
+    seen: list = []
+    client = InProcessClient(echo_handler(seen), "e")
+    await client.chat.completions.create(model="m", messages=MESSAGES)
+    ref = weakref.ref(client)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del client
+        assert ref() is None
+    finally:
+        if enabled:
+            gc.enable()
