@@ -369,18 +369,19 @@ class MessageTracker:
         ids = list(token_ids)
         close = [] if eot and ids[-len(eot) :] == eot else eot
         head, sep = list(tpl.gen_prompt_ids), list(tpl.separator_ids)
+        lps = [float(x) for x in logprobs]
         node = self._nodes.get(key)
         if node is None or not node.generated:  # a repeat of a generated message is that message
             node = Node(
                 key, len(prompt.nodes), "assistant",
                 ids=head + ids + close + sep,
                 mask=[0] * len(head) + [1] * len(ids) + [0] * (len(close) + len(sep)),
-                logprobs=[0.0] * len(head) + [float(x) for x in logprobs] + [0.0] * (len(close) + len(sep)),
+                logprobs=[0.0] * len(head) + lps + [0.0] * (len(close) + len(sep)),
                 generated=True, separator=len(sep), request=len(self.requests),
             )
             self._nodes[key] = node
-        request = Request(len(self.requests), prompt, node, ids, [float(x) for x in logprobs],
-                          finish_reason, policy_version, closing=list(close))
+        request = Request(len(self.requests), prompt, node, ids, lps, finish_reason, policy_version,
+                          closing=list(close))
         self.requests.append(request)
         self.stats["requests"] += 1
         self._assign(request)
