@@ -12,6 +12,7 @@ Errors are `InterceptError`s carrying an HTTP status and OpenAI's error JSON sha
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -269,6 +270,15 @@ def parse_request(body: Any) -> ChatRequest:
 # -- the response ---------------------------------------------------------------------------------
 
 
+@functools.cache
+def _chat_completion() -> Any:
+    """openai's ChatCompletion, imported on first use (openai is heavy) and then kept: an import
+    statement per reply costs more than the lookup."""
+    from openai.types.chat import ChatCompletion
+
+    return ChatCompletion
+
+
 def make_completion(
     *,
     completion_id: str,
@@ -285,8 +295,6 @@ def make_completion(
     Built by validating one nested dict: a single call into pydantic-core, about half the cost of
     constructing the message, choice, usage and completion models one by one, same result (the
     same fields set, tool calls as ``ChatCompletionMessageFunctionToolCall``)."""
-    from openai.types.chat import ChatCompletion
-
     calls = [
         {"id": c["id"], "type": "function",
          "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
@@ -297,7 +305,7 @@ def make_completion(
         logprobs = {"content": [
             {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []} for t, lp in token_logprobs
         ]}
-    return ChatCompletion.model_validate({
+    return _chat_completion().model_validate({
         "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{
             "index": 0, "finish_reason": finish_reason, "logprobs": logprobs,

@@ -86,6 +86,9 @@ def _canonical_arguments(arguments: str) -> str:
         return arguments
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False)  # = json.dumps(x, ensure_ascii=False) without a new encoder per call
+
+
 def chain_key(index: int, message: dict[str, Any], parent: str) -> str:
     """h_i of a normalized message (tool-call arguments compared as JSON values)."""
     calls = [
@@ -94,7 +97,7 @@ def chain_key(index: int, message: dict[str, Any], parent: str) -> str:
     ]
     payload = [index, message["role"], message["content"], calls, message.get("tool_call_id"),
                message.get("name"), parent]
-    return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode("utf-8")).hexdigest()
+    return hashlib.sha256(_JSON.encode(payload).encode("utf-8")).hexdigest()
 
 
 def _tools_json(tools: Sequence[dict[str, Any]] | None) -> str:
