@@ -318,10 +318,15 @@ class MessageTracker:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     # -- requests --------------------------------------------------------------------------------
-    def prepare(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
+    def prepare(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
+        *, normalized: bool = False,
+    ) -> Prompt:
         """Resolve a request's messages to nodes (tokenizing the new ones) and build its prompt.
 
-        Raises `TemplateError` (a `BadRequest`) when the template cannot render them.
+        ``normalized=True``: the messages are `normalize_message` output already (a `ChatRequest`'s
+        are), so they are not validated again. Raises `TemplateError` (a `BadRequest`) when the
+        template cannot render them.
         """
         tools = list(tools) if tools else self.tools
         tools_json = _tools_json(tools)
@@ -331,7 +336,7 @@ class MessageTracker:
         observation: str | None = None
         tokenized = 0
         for i, raw in enumerate(messages):
-            message = normalize_message(raw, i)  # idempotent, and quick on a normalized message
+            message = raw if normalized else normalize_message(raw, i)
             key = self._chain_key(i, message, key)
             node = self._nodes.get(key)
             if node is None:

@@ -218,7 +218,7 @@ class ProxyEnvManager(EnvManager):
             reason = state.fault[1] if state.fault else "finished"
             raise EpisodeClosed(f"episode {env_id!r} has ended ({reason})")
         c = self.config
-        prompt = state.tracker.prepare(request.messages, request.tools)
+        prompt = state.tracker.prepare(request.messages, request.tools, normalized=True)  # parse_request did
         max_tokens = request.max_tokens or c.max_tokens
         limit = self.max_model_len
         if limit is not None and len(prompt.prompt_ids) + max_tokens > limit:

@@ -293,6 +293,9 @@ def test_memoized_keys_equal_the_hash_chain(tiny_tokenizer, conversations):
         for i, (message, node) in enumerate(zip(messages, prompt.nodes, strict=True)):
             parent = chain_key(i, normalize_message(message, i), parent)
             assert node.key == parent
+        # what the proxy handler passes: a ChatRequest's messages, already normalized
+        same = tracker.prepare([normalize_message(m, i) for i, m in enumerate(messages)], normalized=True)
+        assert [n.key for n in same.nodes] == [n.key for n in prompt.nodes] and same.prompt_ids == prompt.prompt_ids
 
 
 def test_message_edited_in_place_is_a_new_message(tiny_tokenizer):
