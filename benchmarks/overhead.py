@@ -7,9 +7,9 @@
 For each manager and concurrency c, plays `--episodes` Sokoban episodes with at most c running at
 once and reports wall time / number of agent turns (and / number of training samples) in
 microseconds: median over repeats, min-max in brackets, and the ratio to TrajEnvManager's median
-at the same concurrency (measured in the same run). The scripted engine still tokenizes its reply
-and hashes the prompt, so the "engine only" row (one scripted generate() on a first-turn prompt)
-is part of every figure.
+at the same concurrency (measured in the same run; a full garbage collection, untimed, before each
+run, see `_settle`). The scripted engine still tokenizes its reply and hashes the prompt, so the
+"engine only" row (one scripted generate() on a first-turn prompt) is part of every figure.
 
 Breakdown (`--breakdown`, on by default): one more pass per manager at concurrency 1 with timers
 around the pieces, exclusive time (a piece nested in another is charged to the inner one only):
@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import inspect
 import statistics
 import sys
@@ -263,6 +264,16 @@ def _config() -> ManagerConfig:
     return ManagerConfig(max_tokens=32)
 
 
+def _settle() -> None:
+    """A full garbage collection before each timed run (untimed). A full collection walks every
+    object of the process (torch, transformers, vLLM: ~0.25 s here) and CPython starts one when
+    enough objects have survived since the last; without this it lands on whichever run crosses
+    that line, charging ~200 us per turn to one manager for objects the others left. Each run
+    still pays its own young-generation collections, and a full one if its own survivors cross
+    the line."""
+    gc.collect()
+
+
 def _rotated(names: list[str], r: int) -> list[str]:
     k = r % len(names)
     return names[k:] + names[:k]
@@ -285,6 +296,7 @@ async def bench_managers(args: argparse.Namespace) -> tuple[list[dict], list[dic
                 await sched.run(managers[n], sched.specs(0)[:8])
             for r in range(args.repeats):
                 for n in _rotated(names, r):
+                    _settle()
                     w0, c0 = time.perf_counter(), time.process_time()
                     batch = await sched.run(managers[n], sched.specs(r + 1))
                     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
@@ -310,6 +322,7 @@ async def bench_managers(args: argparse.Namespace) -> tuple[list[dict], list[dic
             sched = GroupScheduler(ENV_ID, num_groups=args.breakdown_episodes // 4, group_size=4, max_concurrency=1)
             for r in range(args.repeats):
                 for n in _rotated(names, r):
+                    _settle()
                     timers = Timers()
                     with instrumented(timers, engine, managers[n]):
                         timers.last = start = CLOCK()
