@@ -91,9 +91,11 @@ class Trainer:
             extra = state.get("extra_state") or {}
             self.history = list(extra.get("history", []))
             self.rng.bit_generator.state = extra["rng"]
-            await self.push_weights()
         elif not resume:
             _clear_run_dir(self.run_dir)  # a fresh run owns its directory: no stale rows or checkpoints
+        # The engine must serve this policy: an injected engine may hold another run's weights, and a
+        # resumed run's weights differ from the checkpoint the engine loaded (~10 ms for the tiny model).
+        await self.push_weights()
         self.logger = MetricsLogger(
             self.run_dir, tensorboard=c.tensorboard, resume_step=self.step_count if ckpt is not None else None
         )
@@ -268,6 +270,8 @@ class Trainer:
             from arl.train.sft import format_warm_start
 
             sft_metrics = await format_warm_start(self)
+            if self.ref_model is not None:  # the KL anchor is the policy RL starts from, not the random init
+                self.ref_model.load_state_dict(self.model.state_dict())
             await self.push_weights()
             self._record_raw(0, sft_metrics)
         if self.step_count == 0 and self.config.eval.at_start:
