@@ -76,6 +76,27 @@ def test_trainer_step_quick(tmp_path):
     assert 0 < result["weight_push_share"] < 1
 
 
+@pytest.mark.vllm
+def test_learning_quick(tmp_path):
+    result = _run("learning.py", tmp_path, timeout=180)  # ~50 s on 2 cores; the smoke size must stay < 90 s
+    (game,) = result["games"]
+    assert game["game"] == "frozenlake"
+    assert {r["estimator"] for r in game["runs"]} == {"grpo", "gigpo-mean"}
+    for run in game["runs"]:
+        steps = [p["step"] for p in run["curve"]]
+        assert steps[0] == 0 and steps[-1] == 2  # evaluated at the start and at the end
+        env = [p["env_steps"] for p in run["curve"]]
+        assert env[0] == 0 and env == sorted(env) and env[-1] > 0
+        assert all(0 <= p["success"] <= 1 for p in run["curve"]) and run["wall_s"] > 0
+    rows = result["aggregates"]["frozenlake"]
+    assert [r["estimator"] for r in rows] == ["grpo", "gigpo-mean"]
+    assert all(len(r["curve"]) == len(game["runs"][0]["curve"]) for r in rows)
+    assert result["goal"]["status"] in {"met", "partly met", "not met", "not measured"}
+    plot = Path(result["plot"])
+    assert plot == tmp_path / "learning.png"
+    assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_arl_bench_cli_passes_arguments(tmp_path):
     out = tmp_path / "o.json"
     proc = subprocess.run(
