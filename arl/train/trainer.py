@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import contextlib
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -124,7 +122,7 @@ class Trainer:
         samples = [s for s in batch.samples if s.num_response_tokens > 0]
         advantages, adv_stats = self.advantages(samples)
         t_adv = time.perf_counter()
-        train_metrics = await asyncio.to_thread(self._update_all_cores, samples, advantages) if samples else {}
+        train_metrics = await asyncio.to_thread(self.update, samples, advantages) if samples else {}
         t_update = time.perf_counter()
         await self.push_weights()
         t_push = time.perf_counter()
@@ -234,13 +232,6 @@ class Trainer:
         })
         return out
 
-    def _update_all_cores(self, samples: list[Sample], advantages: np.ndarray) -> dict[str, float]:
-        """`update` with every CPU core: in-process vLLM drops torch to one intra-op thread for its own
-        decoding, but the engine idles while the policy updates, so the update may use them all."""
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        with _torch_threads(cores if self.device.type == "cpu" else torch.get_num_threads()):
-            return self.update(samples, advantages)
-
     def _logprobs(self, model: Any, batch: dict[str, Any], indices: Any, temperature: float) -> torch.Tensor:
         """Log-probs of every token under `model`, computed micro-batch by micro-batch, (B, L)."""
         idx = np.fromiter(indices, dtype=np.int64)
@@ -325,16 +316,6 @@ def evaluation_metrics(rollout_metrics: dict[str, float]) -> dict[str, float]:
     """rollout/* metrics of a validation batch, renamed into the eval/ namespace."""
     keep = ("success_rate", "valid_action_rate", "mean_turns", "mean_episode_score", "num_episodes")
     return {f"eval/{k}": rollout_metrics[f"rollout/{k}"] for k in keep if f"rollout/{k}" in rollout_metrics}
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _clear_run_dir(run_dir: Path) -> None:
