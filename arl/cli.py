@@ -112,7 +112,8 @@ async def _eval(args: argparse.Namespace) -> dict:
     from arl.train import evaluation_metrics
 
     manager_cls = {"traj": TrajEnvManager, "step": StepEnvManager}[args.mode]
-    config = ManagerConfig(max_tokens=args.max_tokens, temperature=args.temperature, history_len=args.history_len)
+    config = ManagerConfig(max_tokens=args.max_tokens, temperature=args.temperature, history_len=args.history_len,
+                           prompt_style=args.prompt_style)
     async with make_engine(backend=args.backend, model=args.model) as engine:
         groups = GroupScheduler(args.env, num_groups=1, group_size=1)
         batch = await groups.run(manager_cls(engine, config), groups.val_specs(num_seeds=args.num_seeds))
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.5)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--history-len", type=int, default=0)
+    p.add_argument("--prompt-style", default="full", choices=["full", "compact"],
+                   help="compact for the tiny model (what its training runs use)")
     p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
     p.set_defaults(func=_cmd_eval)
 
