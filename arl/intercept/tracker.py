@@ -45,141 +45,23 @@ tokens the engine sampled. The tracker bridges the two for one episode:
   masked. ``step_samples()``: one per request, its full prompt + the engine's response tokens.
   Both carry ``state_hash`` = sha256 of the request's latest observation message (the last user
   or tool message), so equal observations get equal hashes and GiGPO works in proxy mode.
+
+The keys live in `chain_keys.py`, the chat-template probing in `template.py`; this module is the
+tracker's state: nodes, requests, branches and the samples cut from them.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
 
-from arl.intercept.protocol import BadRequest, normalize_message
+from arl.intercept.chain_keys import _memo_key, _tools_json, _tools_key, chain_key, state_hash
+from arl.intercept.protocol import normalize_message
+from arl.intercept.template import _DUMMY, TemplateError, _render, _Template, _template
 
 Keep = Literal["all", "longest"]
-
-_DUMMY = (
-    {"role": "system", "content": "arl dummy system"},
-    {"role": "user", "content": "arl dummy user"},
-)
-_PROBE = "\x00arl-probe\x00"
-
-
-class TemplateError(BadRequest):
-    """The chat template could not render the request's messages."""
-
-    code = "template_error"
-
-
-def state_hash(text: str) -> str:
-    """GiGPO anchor key of an observation text (same definition as the step manager's)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def _canonical_arguments(arguments: str) -> str:
-    try:
-        return json.dumps(json.loads(arguments), sort_keys=True, ensure_ascii=False)
-    except (ValueError, RecursionError):
-        return arguments
-
-
-_JSON = json.JSONEncoder(ensure_ascii=False)  # = json.dumps(x, ensure_ascii=False) without a new encoder per call
-
-
-def chain_key(index: int, message: dict[str, Any], parent: str) -> str:
-    """h_i of a normalized message (tool-call arguments compared as JSON values)."""
-    calls = [
-        [c["id"], c["function"]["name"], _canonical_arguments(c["function"]["arguments"])]
-        for c in message.get("tool_calls") or ()
-    ]
-    payload = [index, message["role"], message["content"], calls, message.get("tool_call_id"),
-               message.get("name"), parent]
-    return hashlib.sha256(_JSON.encode(payload).encode("utf-8")).hexdigest()
-
-
-def _tools_json(tools: Sequence[dict[str, Any]] | None) -> str:
-    return json.dumps(list(tools), ensure_ascii=False) if tools else "[]"  # order kept: it is rendered
-
-
-def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
-    return _tools_key(_tools_json(tools))
-
-
-@functools.lru_cache(maxsize=256)
-def _tools_key(tools_json: str) -> str:
-    return hashlib.sha256(f"arl-tracker-tools|{tools_json}".encode()).hexdigest()
-
-
-def _memo_key(index: int, message: dict[str, Any], parent: str) -> tuple[Any, ...]:
-    """Everything `chain_key` reads of a normalized message, as a hashable tuple.
-
-    Python caches a str's hash and compares an object to itself by identity, so when an agent
-    re-sends the same message objects (the usual growing history) looking this tuple up costs a
-    few hundred nanoseconds, where `chain_key` JSON-encodes and sha256-hashes the whole content.
-    Raw tool-call arguments are used (not the canonical JSON): they determine the canonical form.
-    """
-    if len(message) == 2:  # normalized {"role", "content"}, the common case; the length tells it apart
-        return (index, message["role"], message["content"], parent)
-    calls = tuple(
-        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or ()
-    )
-    return (index, message["role"], message["content"], calls, message.get("tool_call_id"), message.get("name"),
-            parent)
-
-
-def _for_template(message: dict[str, Any]) -> dict[str, Any]:
-    """Tool-call arguments as objects, as HF chat templates expect (vLLM's server does the same)."""
-    if not message.get("tool_calls"):
-        return message
-    calls = []
-    for c in message["tool_calls"]:
-        try:
-            args: Any = json.loads(c["function"]["arguments"])
-        except (ValueError, RecursionError):
-            args = c["function"]["arguments"]
-        calls.append({**c, "function": {"name": c["function"]["name"], "arguments": args}})
-    return {**message, "tool_calls": calls}
-
-
-@attrs.frozen
-class _Template:
-    """What the template renders around messages, for one tokenizer and one tool list."""
-
-    prefix_text: str  # rendering of the dummy pair
-    gen_prompt_ids: tuple[int, ...]  # e.g. "<|im_start|>assistant\n"
-    end_of_turn_ids: tuple[int, ...]  # e.g. "<|im_end|>"
-    separator_ids: tuple[int, ...]  # e.g. "\n"
-
-
-def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, gen: bool, kwargs: Any) -> str:
-    return tokenizer.apply_chat_template(
-        [_for_template(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
-        add_generation_prompt=gen, **dict(kwargs),
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _template(tokenizer: Any, tools_json: str, kwargs: tuple[tuple[str, Any], ...]) -> _Template:
-    tools = json.loads(tools_json)
-    encode = functools.partial(tokenizer.encode, add_special_tokens=False)
-    prefix = _render(tokenizer, _DUMMY, tools, False, kwargs)
-    with_gen = _render(tokenizer, _DUMMY, tools, True, kwargs)
-    if not with_gen.startswith(prefix):
-        raise TemplateError("chat template: the generation prompt does not extend the conversation")
-    probe = _render(tokenizer, [*_DUMMY, {"role": "assistant", "content": _PROBE}], tools, False, kwargs)
-    tail = encode(probe[probe.index(_PROBE) + len(_PROBE) :])
-    special = set(tokenizer.all_special_ids)
-    cut = next((k + 1 for k, t in enumerate(tail) if t in special), None)
-    if cut is None:  # no special end-of-turn in the template: fall back to EOS
-        eot = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        sep = tail
-    else:
-        eot, sep = tail[:cut], tail[cut:]
-    return _Template(prefix, tuple(encode(with_gen[len(prefix) :])), tuple(eot), tuple(sep))
-
 
 @attrs.define(eq=False)
 class Node:

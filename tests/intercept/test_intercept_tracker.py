@@ -277,7 +277,7 @@ def test_prompts_equal_the_template_rendering(tiny_tokenizer, conversations, rep
 
 # -- the chain-key memo: a cache of chain_key, never a different answer ----------------------------
 
-from arl.intercept.tracker import chain_key, tools_key  # noqa: E402
+from arl.intercept.chain_keys import chain_key, tools_key  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
