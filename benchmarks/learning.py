@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import shutil
 import statistics
 import sys
@@ -156,10 +157,59 @@ async def run_game(game: str, config_path: Path, args: argparse.Namespace, runs_
     finally:
         await engine.close()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
-    return {"game": game, "config": str(config_path), "engine_startup_s": startup_s, "model": base.model,
+    return {"game": game, "config": str(config_path), "overrides": list(args.overrides), "setup": setup_of(base),
+            "engine_startup_s": startup_s, "model": base.model,
             "model_params": n_params, "device": device, "steps": base.steps,
             "episodes_per_step": base.rollout.num_groups * base.rollout.group_size,
             "eval_every": base.eval.every, "eval_num_seeds": base.eval.num_seeds, "runs": runs}
+
+
+def setup_of(config: Any) -> dict[str, Any]:
+    """The resolved config every run of a game shares (the per-run name, seed and folder left out)."""
+    from arl.config import unstructure
+
+    setup = json.loads(json.dumps(unstructure(config)))  # the form it has once read back from a result file
+    for key in ("name", "seed", "out_dir"):
+        setup.pop(key, None)
+    return setup
+
+
+def load_previous(path: Path) -> list[dict[str, Any]]:
+    """The games of an earlier result JSON, for `--add-to`."""
+    games = json.loads(path.read_text())["games"]
+    if any("setup" not in g for g in games):
+        raise SystemExit(f"--add-to: {path} predates the recorded setup; its runs cannot be checked, so not pooled")
+    return games
+
+
+def _differences(a: Any, b: Any, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}".lstrip("."))]
+    return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
+
+
+def merge_games(previous: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pool the runs of an earlier result with this invocation's (`--add-to`): more seeds or estimators.
+
+    A game's runs are pooled only when both ran the same resolved config apart from the estimator
+    (`setup`, compared field by field); a new (estimator, seed) run replaces an earlier one. Games
+    only in `previous` are kept.
+    """
+    ignore = {"algo.estimator", "algo.gigpo_mode"}  # set per run by ESTIMATORS
+    merged = {g["game"]: dict(g) for g in previous}
+    for g in new:
+        old = merged.get(g["game"])
+        if old is None:
+            merged[g["game"]] = g
+            continue
+        differ = [d for d in _differences(old["setup"], g["setup"]) if d.split(":")[0] not in ignore]
+        if differ:
+            raise SystemExit(f"--add-to: {g['game']} was run with another setup ({'; '.join(differ)}); "
+                             "use a new --out")
+        fresh = {(r["estimator"], r["seed"]) for r in g["runs"]}
+        old["runs"] = [r for r in old["runs"] if (r["estimator"], r["seed"]) not in fresh] + g["runs"]
+        old["engine_startup_s"] = g["engine_startup_s"]
+    return list(merged.values())
 
 
 # -- analysis ------------------------------------------------------------------------------------------
@@ -330,12 +380,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke size: FrozenLake, grpo + gigpo-mean, seed 0, 2 steps of 2x2 episodes")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/learning.json")
+    parser.add_argument("--add-to", type=Path, default=None,
+                        help="pool these runs with an earlier result JSON of the same setup (more seeds or "
+                             "estimators) and write the pooled result (default --out: that file)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run, e.g. optim.lr=3e-4")
     args = parser.parse_args()
     if args.quick:
         args.games, args.estimators, args.seeds, args.steps = ["frozenlake"], ["grpo", "gigpo-mean"], [0], 2
     configs = {"frozenlake": args.config_frozenlake, "sokoban": args.config_sokoban}
-    out = args.out or result_path("learning", args.quick)
+    out = args.out or args.add_to or result_path("learning", args.quick)
+    previous = load_previous(args.add_to) if args.add_to else []
+    if previous:  # refuse a mismatched setup now, not after hours of runs
+        from arl.config import load_config
+
+        probe = [{"game": game, "setup": setup_of(load_config(configs[game], run_overrides(args, game, None, None,
+                                                                                       Path("."))))}
+                 for game in args.games]
+        merge_games([dict(g, runs=[]) for g in previous], [dict(g, runs=[]) for g in probe])
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="arl-bench-learning-"))
     started = time.perf_counter()
     results = []
@@ -345,6 +406,7 @@ def main() -> None:
     finally:
         if args.runs_dir is None:
             shutil.rmtree(runs_dir, ignore_errors=True)
+    results = merge_games(previous, results)
     aggregates = {g["game"]: aggregate(g) for g in results}
     print()
     for g in results:

@@ -126,3 +126,52 @@ def test_scaling_quick(tmp_path):
             assert r["mean_turns"] == r["turns_per_episode"]  # every episode ran its full length
     plot = Path(result["plot"])
     assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_learning_add_to_pools_runs_of_the_same_setup_only():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import learning
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    setup = {"steps": 100, "algo": {"estimator": "gigpo", "gamma": 0.5}, "rollout": {"num_groups": 8}}
+
+    def game(runs, **changes):
+        s = {**setup, "algo": {**setup["algo"]}, "rollout": {**setup["rollout"]}}
+        for path, value in changes.items():
+            section, key = path.split("__")
+            s[section][key] = value
+        return {"game": "frozenlake", "setup": s, "engine_startup_s": 1.0,
+                "runs": [{"estimator": e, "seed": seed, "tag": tag} for e, seed, tag in runs]}
+
+    old = [game([("gigpo-mean", 0, "old"), ("gigpo-mean", 1, "old")])]
+    new = [game([("gigpo-mean", 1, "new"), ("grpo", 0, "new")], algo__estimator="grpo")]  # estimator may differ
+    (pooled,) = learning.merge_games(old, new)
+    assert sorted((r["estimator"], r["seed"], r["tag"]) for r in pooled["runs"]) == [
+        ("gigpo-mean", 0, "old"), ("gigpo-mean", 1, "new"), ("grpo", 0, "new")]
+    with pytest.raises(SystemExit, match=r"rollout.num_groups: 8 vs 4"):
+        learning.merge_games([game([("grpo", 0, "old")])], [game([("grpo", 1, "new")], rollout__num_groups=4)])
+
+
+def test_credit_quick(tmp_path):
+    result = _run("credit.py", tmp_path, timeout=180)
+    (geometry,) = result["geometries"]
+    assert (geometry["groups"], geometry["group_size"]) == (8, 8)
+    for name, values in geometry["estimators"].items():
+        assert len(values["corr"]) == 2, name
+        assert all(-1 <= c <= 1 for c in values["corr"] + values["corr_given_action"]), name
+        assert all(0 <= s <= 1 for s in values["action_share"]), name
+    # random actions carry no credit on their own: every estimator must find *some* signal
+    assert all(min(v["corr"]) > 0 for v in geometry["estimators"].values())
+
+
+def test_credit_optimal_actions():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import credit
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    # P at the top left, a hole to its right: only Down starts a shortest safe path
+    assert credit.optimal_actions("PO__\n____\n____\n___G") == {"Down"}
+    assert credit.optimal_actions("P___\n____\n____\n___G") == {"Down", "Right"}
+    assert credit.optimal_actions("_O__\nO___\n____\n___G") == set()  # no player on the grid

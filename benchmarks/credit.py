@@ -1,0 +1,158 @@
+"""Credit assignment: how well each advantage estimator's per-step advantages point at good actions.
+
+    .venv/bin/python benchmarks/credit.py            # FrozenLake 4x4, 3 geometries, full grid (~3 min on 2 cores)
+    .venv/bin/python benchmarks/credit.py --quick    # CI smoke size (~20 s)
+
+The learning curves take hours on a CPU; this asks a cheaper question that explains much of them.
+Episodes are played with the scripted engine answering uniformly random valid actions (the policy
+right after the format warm-start), through the demo's step manager and prompts
+(configs/tiny_frozenlake_gigpo.yaml, geometry G groups x N episodes per batch). Every step's
+action is labelled "optimal" when it starts a shortest path to the goal (BFS on the grid it saw).
+Each estimator's advantages of the batch are then compared with that label:
+
+- corr: Pearson correlation of the advantage with the optimal-action indicator, per batch;
+- corr given action: the same after subtracting, per action word, the batch's mean advantage of that
+  action: the state-conditional part, what a policy can only learn by reading the grid;
+- action share: the share of the advantage's variance explained by the action word alone. Which
+  action is good depends on the map, so with few maps per batch this part swings from batch to
+  batch and pushes a global action bias (the failure mode seen with 4 groups x 16 in issue 5).
+
+Median over `--batches` batches (min-max). FrozenLake only: its optimal action is a BFS away;
+Sokoban's would need a solver per state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _util import quiet_logs, result_path, table, write_result  # noqa: E402
+
+quiet_logs()
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "configs" / "tiny_frozenlake_gigpo.yaml"
+MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+
+
+def optimal_actions(grid: str) -> set[str]:
+    """The moves that start a shortest safe path from the player (P) to the goal (G)."""
+    rows = grid.split("\n")
+    cells = {(r, c): ch for r, row in enumerate(rows) for c, ch in enumerate(row)}
+    player = next((rc for rc, ch in cells.items() if ch == "P"), None)
+    goal = next((rc for rc, ch in cells.items() if ch == "G"), None)
+    if player is None or goal is None:
+        return set()
+    dist, queue = {goal: 0}, collections.deque([goal])
+    while queue:  # BFS from the goal over the cells that are not holes
+        r, c = queue.popleft()
+        for dr, dc in MOVES.values():
+            nxt = (r + dr, c + dc)
+            if nxt in cells and nxt not in dist and cells[nxt] != "O":
+                dist[nxt] = dist[(r, c)] + 1
+                queue.append(nxt)
+    reach = {a: dist.get((player[0] + dr, player[1] + dc)) for a, (dr, dc) in MOVES.items()}
+    best = min((d for d in reach.values() if d is not None), default=None)
+    return {a for a, d in reach.items() if d is not None and d == best}
+
+
+def estimators(grid: str) -> dict[str, dict[str, Any]]:
+    """name -> gigpo/grpo keyword arguments. grid: 'small' (CI) or 'full'."""
+    out: dict[str, dict[str, Any]] = {"grpo": {"estimator": "grpo"}}
+    gammas, weights = ((0.5,), (10.0,)) if grid == "small" else ((0.5, 0.95), (1.0, 3.0, 10.0))
+    for mode in ("mean_norm", "mean_std_norm"):
+        for gamma in gammas:
+            for w in weights:
+                out[f"gigpo {mode} gamma={gamma} w={w:g}"] = {
+                    "estimator": "gigpo", "mode": mode, "gamma": gamma, "step_weight": w}
+    return out
+
+
+def scores(samples: list[Any], label: np.ndarray, actions: np.ndarray, spec: dict[str, Any]) -> dict[str, float]:
+    from arl.algo import gigpo, grpo
+
+    if spec["estimator"] == "grpo":
+        adv = grpo([s.episode_score for s in samples], [s.group_id for s in samples])
+    else:
+        adv, _ = gigpo(
+            [s.episode_score for s in samples], [s.step_score for s in samples], [s.group_id for s in samples],
+            [s.traj_id for s in samples], [s.step for s in samples], [s.state_hash for s in samples],
+            gamma=spec["gamma"], step_weight=spec["step_weight"], mode=spec["mode"],
+        )
+    per_action = {a: adv[actions == a].mean() for a in set(actions)}
+    action_part = np.array([per_action[a] for a in actions])
+    resid = adv - action_part
+    return {"corr": float(np.corrcoef(adv, label)[0, 1]),
+            "corr_given_action": float(np.corrcoef(resid, label)[0, 1]),
+            "action_share": float(action_part.var() / adv.var()) if adv.var() > 0 else float("nan")}
+
+
+async def measure(groups: int, group_size: int, batches: int, grid: str) -> dict[str, Any]:
+    from arl.config import load_config
+    from arl.engine import make_engine
+    from arl.train import Trainer
+
+    config = load_config(CONFIG, ["tensorboard=false", "out_dir=/tmp/arl-bench-credit", "name=credit",
+                                  f"rollout.num_groups={groups}", f"rollout.group_size={group_size}"])
+    engine = make_engine(backend="scripted", model=config.model, max_model_len=config.engine.max_model_len)
+    per: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
+    turns = []
+    async with Trainer(config, engine=engine) as trainer:
+        await trainer.setup()
+        for b in range(batches):
+            batch = await trainer.groups.run(trainer.manager, trainer.groups.specs(b))
+            samples = [s for s in batch.samples if s.num_response_tokens > 0]
+            by_id = {e.trajectory.traj_id: e.trajectory for e in batch.episodes}
+            steps = [by_id[s.traj_id].turns[s.step] for s in samples]
+            label = np.array([float(t.action in optimal_actions(t.observation)) for t in steps])
+            actions = np.array([str(t.action) for t in steps])
+            turns.append(len(samples))
+            for name, spec in estimators(grid).items():
+                per[name].append(scores(samples, label, actions, spec))
+    return {"groups": groups, "group_size": group_size, "samples_per_batch": statistics.median(turns),
+            "estimators": {name: {k: [r[k] for r in rows] for k in rows[0]} for name, rows in per.items()}}
+
+
+def fmt(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.3f} ({min(xs):.2f}–{max(xs):.2f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--geometries", nargs="+", default=["4x16", "8x8", "16x4"],
+                        help="groups x episodes per batch, e.g. 8x8")
+    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="smoke size: 8x8, 2 batches, one GiGPO setting per mode")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/credit.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.geometries, args.batches = ["8x8"], 2
+    grid = "small" if args.quick else "full"
+    started = time.perf_counter()
+    results = []
+    for geometry in args.geometries:
+        g, n = (int(x) for x in geometry.split("x"))
+        results.append(asyncio.run(measure(g, n, args.batches, grid)))
+    for r in results:
+        print(f"\n{r['groups']} groups x {r['group_size']} episodes ({r['samples_per_batch']:.0f} step samples per "
+              f"batch), median of {args.batches} batches (min–max)\n")
+        rows = sorted(r["estimators"].items(), key=lambda kv: -statistics.median(kv[1]["corr_given_action"]))
+        print(table(["estimator", "corr", "corr given action", "action share"],
+                    [[name, fmt(v["corr"]), fmt(v["corr_given_action"]), fmt(v["action_share"])]
+                     for name, v in rows]))
+    write_result(args.out or result_path("credit", args.quick), args, {"config": str(CONFIG), "geometries": results},
+                 started)
+
+
+if __name__ == "__main__":
+    main()
