@@ -188,6 +188,15 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
 
 
+def check_same_setup(previous_game: dict[str, Any], setup: dict[str, Any]) -> None:
+    """SystemExit naming every differing field unless `setup` is the earlier game's (estimator aside)."""
+    ignore = {"algo.estimator", "algo.gigpo_mode"}  # set per run by ESTIMATORS
+    differ = [d for d in _differences(previous_game["setup"], setup) if d.split(":")[0] not in ignore]
+    if differ:
+        raise SystemExit(f"--add-to: {previous_game['game']} was run with another setup ({'; '.join(differ)}); "
+                         "use a new --out")
+
+
 def merge_games(previous: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pool the runs of an earlier result with this invocation's (`--add-to`): more seeds or estimators.
 
@@ -195,17 +204,13 @@ def merge_games(previous: list[dict[str, Any]], new: list[dict[str, Any]]) -> li
     (`setup`, compared field by field); a new (estimator, seed) run replaces an earlier one. Games
     only in `previous` are kept.
     """
-    ignore = {"algo.estimator", "algo.gigpo_mode"}  # set per run by ESTIMATORS
     merged = {g["game"]: dict(g) for g in previous}
     for g in new:
         old = merged.get(g["game"])
         if old is None:
             merged[g["game"]] = g
             continue
-        differ = [d for d in _differences(old["setup"], g["setup"]) if d.split(":")[0] not in ignore]
-        if differ:
-            raise SystemExit(f"--add-to: {g['game']} was run with another setup ({'; '.join(differ)}); "
-                             "use a new --out")
+        check_same_setup(old, g["setup"])
         fresh = {(r["estimator"], r["seed"]) for r in g["runs"]}
         old["runs"] = [r for r in old["runs"] if (r["estimator"], r["seed"]) not in fresh] + g["runs"]
         old["engine_startup_s"] = g["engine_startup_s"]
@@ -393,10 +398,10 @@ def main() -> None:
     if previous:  # refuse a mismatched setup now, not after hours of runs
         from arl.config import load_config
 
-        probe = [{"game": game, "setup": setup_of(load_config(configs[game], run_overrides(args, game, None, None,
-                                                                                       Path("."))))}
-                 for game in args.games]
-        merge_games([dict(g, runs=[]) for g in previous], [dict(g, runs=[]) for g in probe])
+        for g in previous:
+            if g["game"] in args.games:
+                check_same_setup(g, setup_of(load_config(configs[g["game"]],
+                                                         run_overrides(args, g["game"], None, None, Path(".")))))
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="arl-bench-learning-"))
     started = time.perf_counter()
     results = []
