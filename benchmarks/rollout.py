@@ -177,7 +177,38 @@ def main() -> None:
                          cell(row["replay_ratio"], "{:.2f}") if args.replay else "-"])
     print(table(["backend", "manager", "tokens/batch", "turns/batch", "rollout tok/s", "raw engine tok/s",
                  "ratio (wall)", "ratio (CPU)", "vs replay (wall)"], rows))
-    write_result(args.out or result_path("rollout", args.quick), args, {"results": results}, started)
+    out = args.out or result_path("rollout", args.quick)
+    png = out.with_suffix(".png")
+    plot(png, results)
+    write_result(out, args, {"results": results, "plot": str(png)}, started)
+
+
+def plot(path: Path, results: list[dict[str, Any]]) -> None:
+    """Bars: the rollout / raw-engine ratio (median, min-max whiskers) per manager, one colour per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    managers = list(dict.fromkeys(row["manager"] for res in results for row in res["rows"]))
+    width = 0.8 / max(len(results), 1)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for k, res in enumerate(results):
+        rows = {row["manager"]: row["ratio"] for row in res["rows"]}
+        xs = [i + (k - (len(results) - 1) / 2) * width for i, m in enumerate(managers) if m in rows]
+        med = [rows[m]["median"] for m in managers if m in rows]
+        err = [[rows[m]["median"] - rows[m]["min"] for m in managers if m in rows],
+               [rows[m]["max"] - rows[m]["median"] for m in managers if m in rows]]
+        ax.bar(xs, med, width, yerr=err, capsize=3, label=res["backend"])
+    ax.axhline(0.9, color="k", linestyle="--", linewidth=1, label="goal 0.9")
+    ax.set_xticks(range(len(managers)), managers)
+    ax.set_ylabel("rollout tok/s / raw engine tok/s")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Full-rollout throughput vs the raw engine (tiny model, CPU)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

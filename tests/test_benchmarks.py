@@ -66,6 +66,8 @@ def test_rollout_quick(tmp_path):
     assert {r["manager"] for r in rows} == {"traj", "proxy-inprocess"}
     for r in rows:
         assert r["tokens"] > 0 and 0 < r["ratio"]["median"] < 5
+    plot = Path(result["plot"])
+    assert plot == tmp_path / "rollout.png" and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.vllm
