@@ -318,7 +318,7 @@ def game_tables(game_result: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     curve = table(["step", *[f"{r['estimator']}: success (env steps)" for r in rows]],
                   [[s, *[f"{pct(r['curve'][i]['success'], r['curve'][i]['success_std'])} "
                          f"({r['curve'][i]['env_steps']:.0f})" for r in rows]] for i, s in enumerate(steps)])
-    return f"{head}\n\n{summary}\n{note}\nValidation success (mean ± std over seeds) at each evaluation:\n\n{curve}"
+    return f"{head}\n\n{summary}\n\n{note}\nValidation success (mean ± std over seeds) at each evaluation:\n\n{curve}"
 
 
 def anchors_table(results: list[dict[str, Any]]) -> str:
