@@ -1,13 +1,16 @@
 """Credit assignment: how well each advantage estimator's per-step advantages point at good actions.
 
-    .venv/bin/python benchmarks/credit.py            # FrozenLake 4x4, 3 geometries, full grid (~3 min on 2 cores)
-    .venv/bin/python benchmarks/credit.py --quick    # CI smoke size (~20 s)
+    .venv/bin/python benchmarks/credit.py                  # FrozenLake 4x4, 3 geometries, full grid (~3 min on 2 cores)
+    .venv/bin/python benchmarks/credit.py --game sokoban   # Sokoban 6x6 with its config (results/credit-sokoban.json)
+    .venv/bin/python benchmarks/credit.py --quick          # CI smoke size (~20 s)
 
 The learning curves take hours on a CPU; this asks a cheaper question that explains much of them.
 Episodes are played with the scripted engine answering uniformly random valid actions (the policy
-right after the format warm-start), through the demo's step manager and prompts
-(configs/tiny_frozenlake_gigpo.yaml, geometry G groups x N episodes per batch). Every step's
-action is labelled "optimal" when it starts a shortest path to the goal (BFS on the grid it saw).
+right after the format warm-start), through the game's step manager and prompts (FrozenLake:
+configs/tiny_frozenlake_gigpo.yaml, Sokoban: configs/tiny_sokoban_gigpo.yaml; geometry G groups x
+N episodes per batch). Every step's action is labelled "optimal" when it starts a shortest path
+to the goal (FrozenLake: BFS on the grid it saw) or a shortest solution (Sokoban: BFS over player
+and box positions; a state with no solution has no optimal action).
 Each estimator's advantages of the batch are then compared with that label:
 
 - corr: Pearson correlation of the advantage with the optimal-action indicator, per batch;
@@ -17,8 +20,7 @@ Each estimator's advantages of the batch are then compared with that label:
   action is good depends on the map, so with few maps per batch this part swings from batch to
   batch and pushes a global action bias (the failure mode seen with 4 groups x 16 in issue 5).
 
-Median over `--batches` batches (min-max). FrozenLake only: its optimal action is a BFS away;
-Sokoban's would need a solver per state.
+Median over `--batches` batches (min-max).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from _util import quiet_logs, result_path, table, write_result  # noqa: E402
 quiet_logs()
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "configs" / "tiny_frozenlake_gigpo.yaml"
 MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 
 
@@ -64,6 +65,54 @@ def optimal_actions(grid: str) -> set[str]:
     reach = {a: dist.get((player[0] + dr, player[1] + dc)) for a, (dr, dc) in MOVES.items()}
     best = min((d for d in reach.values() if d is not None), default=None)
     return {a for a, d in reach.items() if d is not None and d == best}
+
+
+def sokoban_optimal_actions(grid: str) -> set[str]:
+    """The moves that start a shortest solution (BFS over player and box positions, push rules
+    as in arl's Sokoban: a box moves when the cell behind it is floor or a target)."""
+    cells = {(r, c): ch for r, row in enumerate(grid.split("\n")) for c, ch in enumerate(row)}
+    walls = {rc for rc, ch in cells.items() if ch == "#"}
+    targets = {rc for rc, ch in cells.items() if ch in "O√S"}
+    boxes = frozenset(rc for rc, ch in cells.items() if ch in "X√")
+    player = next((rc for rc, ch in cells.items() if ch in "PS"), None)
+    if player is None or not boxes:
+        return set()
+
+    def move(state: tuple, delta: tuple[int, int]) -> tuple:
+        (pr, pc), bx = state
+        nxt = (pr + delta[0], pc + delta[1])
+        if nxt in walls or nxt not in cells:
+            return state
+        if nxt in bx:
+            behind = (nxt[0] + delta[0], nxt[1] + delta[1])
+            if behind in walls or behind in bx or behind not in cells:
+                return state
+            bx = (bx - {nxt}) | {behind}
+        return (nxt, frozenset(bx))
+
+    def solution_length(start: tuple, limit: int = 20_000) -> int | None:
+        seen, queue = {start: 0}, collections.deque([start])
+        while queue and len(seen) < limit:
+            state = queue.popleft()
+            if state[1] <= targets:
+                return seen[state]
+            for delta in MOVES.values():
+                nxt = move(state, delta)
+                if nxt not in seen:
+                    seen[nxt] = seen[state] + 1
+                    queue.append(nxt)
+        return None
+
+    start = (player, boxes)
+    best = solution_length(start)
+    if best is None or best == 0:
+        return set()
+    return {a for a, delta in MOVES.items()
+            if (n := move(start, delta)) != start and solution_length(n) == best - 1}
+
+
+GAMES = {"frozenlake": (REPO / "configs" / "tiny_frozenlake_gigpo.yaml", optimal_actions),
+         "sokoban": (REPO / "configs" / "tiny_sokoban_gigpo.yaml", sokoban_optimal_actions)}
 
 
 def estimators(grid: str) -> dict[str, dict[str, Any]]:
@@ -97,12 +146,13 @@ def scores(samples: list[Any], label: np.ndarray, actions: np.ndarray, spec: dic
             "action_share": float(action_part.var() / adv.var()) if adv.var() > 0 else float("nan")}
 
 
-async def measure(groups: int, group_size: int, batches: int, grid: str) -> dict[str, Any]:
+async def measure(game: str, groups: int, group_size: int, batches: int, grid: str) -> dict[str, Any]:
     from arl.config import load_config
     from arl.engine import make_engine
     from arl.train import Trainer
 
-    config = load_config(CONFIG, ["tensorboard=false", "out_dir=/tmp/arl-bench-credit", "name=credit",
+    config_path, optimal = GAMES[game]
+    config = load_config(config_path, ["tensorboard=false", "out_dir=/tmp/arl-bench-credit", "name=credit",
                                   f"rollout.num_groups={groups}", f"rollout.group_size={group_size}"])
     engine = make_engine(backend="scripted", model=config.model, max_model_len=config.engine.max_model_len)
     per: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
@@ -114,12 +164,13 @@ async def measure(groups: int, group_size: int, batches: int, grid: str) -> dict
             samples = [s for s in batch.samples if s.num_response_tokens > 0]
             by_id = {e.trajectory.traj_id: e.trajectory for e in batch.episodes}
             steps = [by_id[s.traj_id].turns[s.step] for s in samples]
-            label = np.array([float(t.action in optimal_actions(t.observation)) for t in steps])
+            label = np.array([float(t.action in optimal(t.observation)) for t in steps])
             actions = np.array([str(t.action) for t in steps])
             turns.append(len(samples))
             for name, spec in estimators(grid).items():
                 per[name].append(scores(samples, label, actions, spec))
-    return {"groups": groups, "group_size": group_size, "samples_per_batch": statistics.median(turns),
+    return {"game": game, "config": str(config_path), "groups": groups, "group_size": group_size,
+            "samples_per_batch": statistics.median(turns),
             "estimators": {name: {k: [r[k] for r in rows] for k in rows[0]} for name, rows in per.items()}}
 
 
@@ -129,6 +180,7 @@ def fmt(xs: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--game", choices=list(GAMES), default="frozenlake")
     parser.add_argument("--geometries", nargs="+", default=["4x16", "8x8", "16x4"],
                         help="groups x episodes per batch, e.g. 8x8")
     parser.add_argument("--batches", type=int, default=10)
@@ -142,16 +194,16 @@ def main() -> None:
     results = []
     for geometry in args.geometries:
         g, n = (int(x) for x in geometry.split("x"))
-        results.append(asyncio.run(measure(g, n, args.batches, grid)))
+        results.append(asyncio.run(measure(args.game, g, n, args.batches, grid)))
     for r in results:
-        print(f"\n{r['groups']} groups x {r['group_size']} episodes ({r['samples_per_batch']:.0f} step samples per "
+        print(f"\n{r['game']}, {r['groups']} groups x {r['group_size']} episodes ({r['samples_per_batch']:.0f} step samples per "
               f"batch), median of {args.batches} batches (min–max)\n")
         rows = sorted(r["estimators"].items(), key=lambda kv: -statistics.median(kv[1]["corr_given_action"]))
         print(table(["estimator", "corr", "corr given action", "action share"],
                     [[name, fmt(v["corr"]), fmt(v["corr_given_action"]), fmt(v["action_share"])]
                      for name, v in rows]))
-    write_result(args.out or result_path("credit", args.quick), args, {"config": str(CONFIG), "geometries": results},
-                 started)
+    name = "credit" if args.game == "frozenlake" else f"credit-{args.game}"
+    write_result(args.out or result_path(name, args.quick), args, {"game": args.game, "geometries": results}, started)
 
 
 if __name__ == "__main__":

@@ -177,3 +177,7 @@ def test_credit_optimal_actions():
     assert credit.optimal_actions("PO__\n____\n____\n___G") == {"Down"}
     assert credit.optimal_actions("P___\n____\n____\n___G") == {"Down", "Right"}
     assert credit.optimal_actions("_O__\nO___\n____\n___G") == set()  # no player on the grid
+    # Sokoban: two pushes up solve it; a box in a corner off target cannot be solved
+    assert credit.sokoban_optimal_actions("######\n#O_###\n#__###\n#X_###\n#P_###\n######") == {"Up"}
+    assert credit.sokoban_optimal_actions("######\n#O__X#\n#___P#\n######") == set()
+    assert credit.sokoban_optimal_actions("######\n#√_###\n#P_###\n######") == set()  # already solved
