@@ -21,7 +21,7 @@ from arl.rollout.base import (
 )
 from arl.rollout.metrics import rollout_metrics
 from arl.rollout.proxy import ProxyEnvManager
-from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, Sample, Trajectory, Turn, collate
+from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, PromptView, Sample, Trajectory, Turn, collate
 from arl.rollout.scheduler import VAL_BASE_SEED, GroupScheduler, RolloutBatch
 from arl.rollout.step import StepEnvManager
 from arl.rollout.traj import TrajEnvManager
@@ -37,6 +37,7 @@ __all__ = [
     "GroupScheduler",
     "ProxyEnvManager",
     "ManagerConfig",
+    "PromptView",
     "RolloutBatch",
     "Sample",
     "StepEnvManager",

@@ -28,7 +28,7 @@ from arl.engine.base import (
     PromptTooLongError,
     SamplingParams,
 )
-from arl.rollout.records import Sample, Trajectory, Turn
+from arl.rollout.records import PromptView, Sample, Trajectory, Turn
 
 __all__ = [
     "EnvError",
@@ -263,7 +263,7 @@ class EnvManager(abc.ABC):
         limit = self.max_model_len
         return limit is None or prompt_len + self.config.max_tokens <= limit
 
-    async def generate(self, traj: Trajectory, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def generate(self, traj: Trajectory, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         """engine.generate, timed into traj.timings["generate"]."""
         start = time.perf_counter()
         try:
@@ -275,13 +275,14 @@ class EnvManager(abc.ABC):
         return gen
 
     async def act(
-        self, spec: EpisodeSpec, traj: Trajectory, env: Any, prompt_ids: list[int], observation: str
+        self, spec: EpisodeSpec, traj: Trajectory, env: Any, prompt_ids: Sequence[int], observation: str
     ) -> tuple[Turn, str, bool, bool]:
         """One model call on `prompt_ids` and the env step it drives.
 
         Records the Turn on `traj` (and its reward / success) and returns
         (turn, next observation, terminated, truncated). The env gets the decoded reply text;
-        the Turn keeps the engine's exact tokens.
+        the Turn keeps the engine's exact tokens. A PromptView `prompt_ids` is kept as it is (no
+        copy); any other sequence is copied into the Turn's own list.
         """
         index = len(traj.turns)
         gen = await self.generate(traj, prompt_ids, self.sampling_params(spec, index))
@@ -290,7 +291,7 @@ class EnvManager(abc.ABC):
         info = dict(info)
         turn = Turn(
             observation=observation,
-            prompt_ids=list(prompt_ids),
+            prompt_ids=prompt_ids if isinstance(prompt_ids, PromptView) else list(prompt_ids),
             response_ids=list(gen.token_ids),
             response_logprobs=list(gen.logprobs),
             reward=float(reward),

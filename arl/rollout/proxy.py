@@ -315,7 +315,7 @@ class ProxyEnvManager(EnvManager):
     def _turn(r: Request, reward: float, info: dict[str, Any] | None) -> Turn:
         info = dict(info or {})
         return Turn(
-            observation=r.prompt.observation or "", prompt_ids=list(r.prompt.prompt_ids),
+            observation=r.prompt.observation or "", prompt_ids=r.prompt.prompt_ids,  # the tracker's, not copied
             response_ids=list(r.response_ids), response_logprobs=list(r.logprobs), reward=float(reward),
             action=info.get("action"), action_valid=bool(info.get("action_valid", True)),
             state_hash=r.prompt.state_hash, finish_reason=r.finish_reason, policy_version=r.policy_version,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from arl.envs.prompts import compact_messages, compact_user_message, traj_messages_start, traj_user_message
 from arl.rollout.base import EnvManager, EpisodeSpec, bridge_ids, chat_ids
-from arl.rollout.records import Sample, Trajectory, Turn
+from arl.rollout.records import PromptView, Sample, Trajectory, Turn
 
 
 class TrajEnvManager(EnvManager):
@@ -28,14 +28,16 @@ class TrajEnvManager(EnvManager):
         env, obs, limit = self.start_episode(spec, traj)
         compact = c.prompt_style == "compact"
         start = compact_messages(obs, limit) if compact else traj_messages_start(obs, limit, c.max_tokens, env.instructions)
+        # One append-only token list per episode; each turn keeps a PromptView of its prefix, so
+        # the episode's memory grows linearly with its length, not quadratically.
         ids = chat_ids(tok, start)
         traj.exit_reason = "truncated"  # unless the game ends first or the context runs out
         while len(traj.turns) < limit:
             if not self.fits(len(ids)):
                 traj.exit_reason = "max_length"
                 break
-            turn, obs, terminated, truncated = await self.act(spec, traj, env, ids, obs)
-            ids = ids + turn.response_ids + self.close_turn(turn.response_ids)
+            turn, obs, terminated, truncated = await self.act(spec, traj, env, PromptView(ids), obs)
+            ids += turn.response_ids + self.close_turn(turn.response_ids)
             if terminated or truncated:
                 traj.exit_reason = "terminated" if terminated else "truncated"
                 break
@@ -44,7 +46,7 @@ class TrajEnvManager(EnvManager):
                 message = (
                     compact_user_message(obs, limit - n) if compact else traj_user_message(n + 1, obs, limit - n, c.max_tokens)
                 )
-                ids = ids + bridge_ids(tok, [{"role": "user", "content": message}])
+                ids += bridge_ids(tok, [{"role": "user", "content": message}])
         return self._build_samples(spec, traj)
 
     def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:

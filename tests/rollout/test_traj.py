@@ -149,3 +149,19 @@ async def test_max_length_ends_episode(fake_engine, tiny_tokenizer):
     manager = TrajEnvManager(fake_engine, ManagerConfig(max_model_len=first))
     episode = await manager.run_episode(spec())
     assert episode.trajectory.exit_reason == "max_length" and episode.samples == []
+
+
+async def test_turns_share_one_token_list(fake_engine):
+    """Each turn's prompt is a view of the episode's one token list (memory linear in the length),
+    and each view still holds exactly what that turn was prompted with."""
+    from arl.rollout import PromptView
+
+    manager = TrajEnvManager(fake_engine, ManagerConfig(max_tokens=32))
+    episode = await manager.run_episode(spec("arl/Sokoban-v0", 1))
+    turns = episode.trajectory.turns
+    assert len(turns) >= 2
+    assert all(isinstance(t.prompt_ids, PromptView) for t in turns)
+    assert len({id(t.prompt_ids._ids) for t in turns}) == 1
+    lengths = [len(t.prompt_ids) for t in turns]
+    assert lengths == sorted(lengths) and len(set(lengths)) == len(lengths)
+    check_alignment(episode)
