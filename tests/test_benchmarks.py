@@ -167,6 +167,20 @@ def test_credit_quick(tmp_path):
     assert all(min(v["corr"]) > 0 for v in geometry["estimators"].values())
 
 
+def test_ceiling_quick(tmp_path):
+    from arl.models import resolve_model
+
+    tiny = resolve_model("tiny")  # any model directory scores as a checkpoint row
+    result = _run("ceiling.py", tmp_path, "--checkpoints", str(tiny), timeout=180)
+    policies = [row["policy"] for row in result["rows"]]
+    assert policies[0].startswith("chance") and policies[2].startswith("format warm-start")
+    assert policies[3] == "supervised, epoch 1" and policies[-1] == f"checkpoint {tiny}"
+    for row in result["rows"]:
+        assert 0 <= row["accuracy"] <= 1, row
+        assert row["p_optimal"] != row["p_optimal"] or 0 <= row["p_optimal"] <= 1, row  # NaN or a probability
+    assert result["test_states"] > 0 and result["train_states"] > 0
+
+
 def test_credit_optimal_actions():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
