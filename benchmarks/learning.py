@@ -1,6 +1,6 @@
 """Learning curves: GRPO vs GiGPO (mean_norm, mean_std_norm) on FrozenLake 4x4 and Sokoban 6x6.
 
-    .venv/bin/python benchmarks/learning.py                 # 2 games x 3 estimators x 3 seeds (~1 h on 2 cores)
+    .venv/bin/python benchmarks/learning.py                 # 2 games x 3 estimators x 3 seeds (~3 h on 2 cores)
     .venv/bin/python benchmarks/learning.py --quick         # smoke size: FrozenLake, grpo + gigpo-mean, 1 seed (~1 min)
     .venv/bin/python benchmarks/learning.py --games sokoban --seeds 0 1 2 3 4 --steps 60 optim.lr=3e-4
     .venv/bin/python benchmarks/learning.py --config-frozenlake configs/other.yaml   # swap a game's config
