@@ -39,6 +39,8 @@ from arl.train.logging import MetricsLogger, plot_learning_curve
 
 log = logging.getLogger(__name__)
 
+REFERENCE_FILE = "reference.pt"  # the KL reference policy's state dict, when it is not the initial model
+
 MANAGERS = {"traj": TrajEnvManager, "step": StepEnvManager}
 
 
@@ -91,6 +93,7 @@ class Trainer:
             extra = state.get("extra_state") or {}
             self.history = list(extra.get("history", []))
             self.rng.bit_generator.state = extra["rng"]
+            self._load_reference()
         elif not resume:
             _clear_run_dir(self.run_dir)  # a fresh run owns its directory: no stale rows or checkpoints
         # The engine must serve this policy: an injected engine may hold another run's weights, and a
@@ -272,6 +275,7 @@ class Trainer:
             sft_metrics = await format_warm_start(self)
             if self.ref_model is not None:  # the KL anchor is the policy RL starts from, not the random init
                 self.ref_model.load_state_dict(self.model.state_dict())
+                self._save_reference()
             await self.push_weights()
             self._record_raw(0, sft_metrics)
         if self.step_count == 0 and self.config.eval.at_start:
@@ -282,6 +286,23 @@ class Trainer:
                 progress(self.step_count, metrics)
         plot_learning_curve(self.run_dir, self.run_dir / "learning_curve.png")
         return self.history
+
+    def _save_reference(self) -> None:
+        """Keep the snapshotted KL reference in the run directory (once per run, written atomically):
+        checkpoints hold only the policy, and a resumed run must anchor to the same warm-started
+        policy, not to the initial model it is rebuilt from."""
+        tmp = self.run_dir / f".tmp-{REFERENCE_FILE}"
+        torch.save(self.ref_model.state_dict(), tmp)
+        tmp.replace(self.run_dir / REFERENCE_FILE)
+
+    def _load_reference(self) -> None:
+        if self.ref_model is None:
+            return
+        path = self.run_dir / REFERENCE_FILE
+        if path.exists():
+            self.ref_model.load_state_dict(torch.load(path, map_location=self.device))
+        elif self.config.sft.steps > 0:
+            log.warning("resuming without %s: the KL reference is the initial model, not the warm-started policy", path)
 
     def _record(self, metrics: dict[str, float]) -> None:
         self._record_raw(self.step_count, metrics)
@@ -319,7 +340,7 @@ def evaluation_metrics(rollout_metrics: dict[str, float]) -> dict[str, float]:
 
 
 def _clear_run_dir(run_dir: Path) -> None:
-    for path in [run_dir / "metrics.jsonl", run_dir / "learning_curve.png"]:
+    for path in [run_dir / "metrics.jsonl", run_dir / "learning_curve.png", run_dir / REFERENCE_FILE]:
         path.unlink(missing_ok=True)
     for path in [run_dir / "tb", *run_dir.glob("ckpt_*")]:
         shutil.rmtree(path, ignore_errors=True)

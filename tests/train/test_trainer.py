@@ -118,6 +118,30 @@ async def test_resume_matches_an_uninterrupted_run(tmp_path):
     assert rows(tmp_path / "part") == rows(tmp_path / "full")
 
 
+async def test_resume_keeps_the_warm_started_kl_reference(tmp_path):
+    """The KL anchor is snapshotted after the format warm-start; a resumed run must anchor to that
+    policy, not to the initial model it rebuilds (which would change every later update)."""
+    extra = ("steps=4", "save_every=2", "sft.steps=2", "sft.batch_episodes=4", "algo.kl_coef=0.5")
+    full = small_config(tmp_path / "full", *extra)
+    async with Trainer(full, engine=scripted(full)) as trainer:
+        await trainer.train()
+        want = params_of(trainer.model)
+
+    part = small_config(tmp_path / "part", *extra)
+    killed = small_config(tmp_path / "part", *extra, "steps=2")  # stops after step 2, warm-start done as in full
+    async with Trainer(killed, engine=scripted(killed)) as trainer:
+        await trainer.train()
+        reference = params_of(trainer.ref_model)
+    async with Trainer(part, engine=scripted(part)) as trainer:
+        await trainer.train(resume=True)
+        assert trainer.step_count == 4
+        for name, value in params_of(trainer.ref_model).items():
+            torch.testing.assert_close(value, reference[name], rtol=0, atol=0)
+        got = params_of(trainer.model)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
+
+
 async def test_nan_update_is_skipped_not_applied(tmp_path):
     config = small_config(tmp_path, "steps=1")
     async with Trainer(config, engine=scripted(config)) as trainer:
