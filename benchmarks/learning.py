@@ -54,6 +54,7 @@ ESTIMATORS = {
     "gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_norm"],
     "gigpo-meanstd": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_std_norm"],
 }
+COLORS = {"grpo": "tab:orange", "gigpo-mean": "tab:blue", "gigpo-meanstd": "tab:green"}  # the same in every panel
 RUN_OVERRIDES = ["tensorboard=false", "keep_checkpoints=1", "eval.at_start=true"]
 QUICK_OVERRIDES = ["rollout.num_groups=2", "rollout.group_size=2", "eval.num_seeds=4", "eval.every=1", "sft.steps=1",
                    "engine.kv_cache_memory_bytes=134217728"]
@@ -355,7 +356,8 @@ def plot(path: Path, results: list[dict[str, Any]], aggregates: dict[str, list[d
             xs = [p["env_steps"] for p in r["curve"]]
             ys = [p["success"] * 100 for p in r["curve"]]
             sd = [p["success_std"] * 100 for p in r["curve"]]
-            (line,) = ax.plot(xs, ys, marker="o", label=f"{r['estimator']} (n={len(r['seeds'])})")
+            (line,) = ax.plot(xs, ys, marker="o", color=COLORS.get(r["estimator"]),
+                              label=f"{r['estimator']} (n={len(r['seeds'])})")
             ax.fill_between(xs, [y - s for y, s in zip(ys, sd, strict=True)],
                             [y + s for y, s in zip(ys, sd, strict=True)], color=line.get_color(), alpha=0.2)
         top = max((p["success"] + p["success_std"] for r in rows for p in r["curve"]), default=0.0) * 100
