@@ -21,6 +21,7 @@ Every failure is an OpenAI-shaped JSON error, never a crash, and the server keep
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 from typing import Any
 
@@ -39,6 +40,8 @@ from arl.intercept.protocol import (
 )
 
 MAX_CLOSED = 1 << 16  # closed env ids remembered for their 410 (oldest forgotten first: then 404)
+
+_log = logging.getLogger(__name__)
 
 
 def _json_error(status: int, body: dict[str, Any]) -> web.Response:
@@ -178,6 +181,7 @@ class ProxyServer:
             raise  # 413 and friends: the middleware shapes them
         except Exception as exc:  # noqa: BLE001 -- a handler bug must not take the server down
             self.stats["errors"] += 1
+            _log.error("chat-completions handler raised; answering 500", exc_info=True)
             return _json_error(500, error_body(f"handler failed: {type(exc).__name__}: {exc}", "server_error",
                                                "handler_error"))
 

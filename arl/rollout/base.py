@@ -2,12 +2,15 @@
 
 An env manager turns one `EpisodeSpec` into an `Episode` (a Trajectory plus its training
 Samples). Subclasses implement `_play(spec, traj)`; `run_episode()` wraps it so that an episode
-never raises: env crashes, engine errors, rejected prompts, timeouts and agent bugs all end the
+never raises: env crashes, engine errors, rejected prompts, timeouts and bugs all end the
 episode with a typed `status` / `exit_reason` on its trajectory (DESIGN.md §2, "faults are
-data"). Only cancellation of the caller propagates.
+data"), and the formatted traceback on `traj.traceback`. Only cancellation of the caller
+propagates. Traj and step managers run no agent code, so an exception that is none of the typed
+ones above is arl's own bug: "internal_error" (`InternalError` for arl's invariant checks).
 
-Also here: chat-template helpers (`chat_ids`, `bridge_ids`, `end_of_turn_ids`) used by every
-manager that builds token prompts, so all of them render conversations the same way.
+The chat-template helpers every manager builds token prompts with (`chat_ids`, `bridge_ids`,
+`end_of_turn_ids`) live in `arl.intercept.template`, beside the MessageTracker's, so managers and
+tracker render conversations the same way; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +32,7 @@ from arl.engine.base import (
     PromptTooLongError,
     SamplingParams,
 )
+from arl.intercept.template import bridge_ids, chat_ids, end_of_turn_ids
 from arl.rollout.records import PromptView, Sample, Trajectory, Turn
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "EnvManager",
     "Episode",
     "EpisodeSpec",
+    "InternalError",
     "ManagerConfig",
     "bridge_ids",
     "chat_ids",
@@ -89,6 +95,15 @@ class EnvError(RuntimeError):
     """The environment raised; wraps the original exception (`__cause__`)."""
 
 
+class InternalError(RuntimeError):
+    """One of arl's own invariants failed: a bug in arl, not in the env, the engine or the agent.
+
+    Raise it from an invariant check; the fault boundary ends the episode as ("Failed",
+    "internal_error"). Any other unexpected exception in a manager without agent code (traj,
+    step) is classified the same way.
+    """
+
+
 def request_seed(config: ManagerConfig, spec: EpisodeSpec, turn: int) -> int | None:
     """Per-request sampling seed, or None when `config.sampling_seed` is None.
 
@@ -106,78 +121,6 @@ def request_seed(config: ManagerConfig, spec: EpisodeSpec, turn: int) -> int | N
 def state_hash(observation: str) -> str:
     """GiGPO anchor-state key: sha256 hex[:16] of the RAW observation text (REFERENCE.md §2)."""
     return hashlib.sha256(observation.encode("utf-8")).hexdigest()[:16]
-
-
-# -- chat template helpers ----------------------------------------------------------------------
-
-
-def chat_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of the chat template rendering of `messages`.
-
-    transformers 5 may return a BatchEncoding (dict-like) from `apply_chat_template(tokenize=True)`;
-    this always returns a flat list of ints.
-    """
-    out = tokenizer.apply_chat_template(
-        list(messages), tokenize=True, add_generation_prompt=add_generation_prompt
-    )
-    if hasattr(out, "keys"):  # BatchEncoding / dict
-        out = out["input_ids"]
-    if out and isinstance(out[0], list):  # batched form
-        out = out[0]
-    return [int(t) for t in out]
-
-
-_PROBE = "\x00arl-probe\x00"  # assistant content that cannot occur in a template
-
-
-def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], add_generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-
-
-def end_of_turn_ids(tokenizer: Any) -> list[int]:
-    """Tokens the template puts right after an assistant message's content, up to its end-of-turn.
-
-    For ChatML this is `<|im_end|>`. Found by rendering a probe assistant message and taking what
-    follows the content up to the first special token inclusive (the rest is inter-message
-    whitespace, which belongs to the bridge). Used to close a turn the engine cut at max_tokens.
-    """
-    cached = getattr(tokenizer, "_arl_end_of_turn", None)
-    if cached is not None:
-        return list(cached)
-    text = _render(tokenizer, [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}], False)
-    tail = text[text.index(_PROBE) + len(_PROBE) :]
-    ids = tokenizer.encode(tail, add_special_tokens=False)
-    special = set(tokenizer.all_special_ids)
-    cut = next((i + 1 for i, t in enumerate(ids) if t in special), None)
-    if cut is None:  # template without a special end-of-turn: fall back to EOS
-        result = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
-    else:
-        result = [int(t) for t in ids[:cut]]
-    try:
-        tokenizer._arl_end_of_turn = tuple(result)
-    except AttributeError:  # tokenizers that forbid new attributes just skip the cache
-        pass
-    return result
-
-
-def bridge_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-    """Tokens the template renders after an assistant turn's end-of-turn for `messages` (the new
-    non-assistant messages) plus the generation prompt.
-
-    Rendered generically: [system?, user, assistant PROBE] vs the same + `messages`; the bridge is
-    the text after the probe's end-of-turn, tokenized without special-token insertion. For the
-    tiny ChatML template: "\\n<|im_start|>user\\n{content}<|im_end|>\\n<|im_start|>assistant\\n".
-    The model's own tokens are never part of this (no decode/re-encode of generated output).
-    """
-    head = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}]
-    full = _render(tokenizer, head + list(messages), add_generation_prompt)
-    eot_text = tokenizer.decode(end_of_turn_ids(tokenizer))
-    after = full[full.index(_PROBE) + len(_PROBE) :]
-    if eot_text and after.startswith(eot_text):
-        after = after[len(eot_text) :]
-    return [int(t) for t in tokenizer.encode(after, add_special_tokens=False)]
 
 
 # -- the manager base ---------------------------------------------------------------------------
@@ -199,6 +142,11 @@ class EnvManager(abc.ABC):
         self.engine = engine
         self.config = config or ManagerConfig()
 
+    def derive(self, config: ManagerConfig | None = None, engine: Any = None) -> EnvManager:
+        """A manager of the same kind with another config (e.g. the validation temperature) or
+        engine (e.g. a warm-start teacher). Subclasses with more constructor state override it."""
+        return type(self)(self.engine if engine is None else engine, config or self.config)
+
     # -- the fault boundary ----------------------------------------------------------------------
     async def run_episode(self, spec: EpisodeSpec) -> Episode:
         """Play one episode; never raises except for cancellation of the caller."""
@@ -212,6 +160,7 @@ class EnvManager(abc.ABC):
                 samples = await self._play(spec, traj)
         except Exception as exc:  # noqa: BLE001 -- the boundary: every failure becomes data
             traj.status, traj.exit_reason = _classify(exc)
+            traj.traceback = traceback.format_exc()  # an EnvError's includes its cause's
             traj.error = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, EnvError) and exc.__cause__ is not None:
                 cause = exc.__cause__
@@ -359,7 +308,9 @@ def _classify(exc: BaseException) -> tuple[str, str]:
         return "Failed", "invalid_prompt"
     if isinstance(exc, EngineError):
         return "Failed", "engine_error"
-    return "Failed", "agent_error"
+    # Traj and step managers run no agent code: anything else is arl's own bug (InternalError or
+    # not). Agent code runs in ProxyEnvManager, which classifies its runner's exceptions itself.
+    return "Failed", "internal_error"
 
 
 class _null_scope:

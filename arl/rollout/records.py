@@ -22,6 +22,7 @@ EXIT_REASONS = NORMAL_EXITS | {
     "engine_error",  # the engine failed the request
     "timeout",  # the episode ran past its time budget
     "agent_error",  # agent code (a runner) raised
+    "internal_error",  # arl's own code raised (a bug in arl, e.g. a failed InternalError check)
     "invalid_prompt",  # the engine rejected the prompt
     "no_data",  # the agent finished without producing a single model call
 }
@@ -117,6 +118,7 @@ class Trajectory:
     status: Status = "Finished"
     exit_reason: str = "terminated"
     error: str | None = None  # the exception text for abnormal exits
+    traceback: str | None = None  # the formatted traceback of the exception that ended the episode
     timings: dict[str, float] = attrs.Factory(dict)
 
     @property

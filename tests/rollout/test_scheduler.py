@@ -9,6 +9,7 @@ from arl.rollout import (
     VAL_BASE_SEED,
     EpisodeSpec,
     GroupScheduler,
+    InternalError,
     ManagerConfig,
     StepEnvManager,
     TrajEnvManager,
@@ -96,7 +97,7 @@ class RaisingEngine:
 
 class BuggyManager(TrajEnvManager):
     async def _play(self, spec, traj):
-        raise KeyError("agent bug")
+        raise KeyError("manager bug")
 
 
 @pytest.mark.parametrize("manager_cls", MANAGERS)
@@ -160,12 +161,15 @@ async def test_engine_prompt_errors(tiny_tokenizer, exc, status, reason):
     assert str(exc) in episode.trajectory.error
 
 
-async def test_agent_error_and_metrics(fake_engine):
+async def test_internal_error_and_metrics(fake_engine):
+    """A traj manager runs no agent code: an unexpected exception in it is arl's own bug."""
     episode = await BuggyManager(fake_engine).run_episode(EpisodeSpec("arl/Sokoban-v0", 0, "g", 0))
-    assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("Failed", "agent_error")
-    assert "agent bug" in episode.trajectory.error
+    assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("Failed", "internal_error")
+    assert "manager bug" in episode.trajectory.error
+    assert "in _play" in episode.trajectory.traceback and "KeyError: 'manager bug'" in episode.trajectory.traceback
     m = rollout_metrics([episode])
-    assert m["rollout/exit/agent_error"] == 1 and m["rollout/num_samples"] == 0
+    assert m["rollout/exit/internal_error"] == 1 and m["rollout/num_samples"] == 0
+    assert m["rollout/exit/agent_error"] == 0
     assert m["env/arl/Sokoban-v0/num_episodes"] == 1
     empty = rollout_metrics([])
     assert empty["rollout/num_episodes"] == 0 and empty["rollout/exit/timeout"] == 0
@@ -176,3 +180,40 @@ async def test_timings_recorded(fake_engine):
     t = episode.trajectory.timings
     assert set(t) >= {"total", "generate", "env"}
     assert 0 < t["generate"] + t["env"] <= t["total"]
+
+
+@pytest.mark.parametrize("manager_cls", MANAGERS)
+@pytest.mark.parametrize("exc", [KeyError("no such key"), InternalError("invariant broken")])
+async def test_unexpected_exceptions_are_internal_errors(fake_engine, monkeypatch, manager_cls, exc):
+    """An exception from arl's side of a traj/step episode (here a manager method) ends it as
+    internal_error, not agent_error, and keeps the traceback naming the raising function."""
+    manager = manager_cls(fake_engine, ManagerConfig(max_tokens=32, max_turns=4))
+
+    def broken_sampling_params(spec, turn):
+        raise exc
+
+    monkeypatch.setattr(manager, "sampling_params", broken_sampling_params)
+    episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
+    traj = episode.trajectory
+    assert (traj.status, traj.exit_reason) == ("Failed", "internal_error")
+    assert traj.error == f"{type(exc).__name__}: {exc}"
+    assert "broken_sampling_params" in traj.traceback and type(exc).__name__ in traj.traceback
+    assert episode.samples == [] and not traj.ok
+
+
+@pytest.mark.parametrize("manager_cls", MANAGERS)
+async def test_env_crash_keeps_its_traceback(fake_engine, crashing_env_id, manager_cls):
+    episode = await manager_cls(fake_engine, ManagerConfig(max_tokens=32)).run_episode(
+        EpisodeSpec(crashing_env_id, 13, "g", 0)
+    )
+    traj = episode.trajectory
+    assert (traj.status, traj.exit_reason) == ("Failed", "env_error")
+    assert traj.error == "RuntimeError: the lake cracked"
+    # The env's own frame and the EnvError that wrapped it (format_exc follows the chain).
+    assert "in step" in traj.traceback and "RuntimeError: the lake cracked" in traj.traceback
+    assert "EnvError: the lake cracked" in traj.traceback
+
+
+async def test_normal_episodes_have_no_traceback(fake_engine):
+    episode = await TrajEnvManager(fake_engine).run_episode(EpisodeSpec("arl/Sokoban-v0", 0, "g", 0))
+    assert episode.trajectory.ok and episode.trajectory.traceback is None
