@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny_frozenlake_gigpo.yaml"
+DEMO_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny_frozenlake_gigpo.yaml"  # package data
 
 
 def render_sample(tokenizer, sample) -> str:
@@ -25,6 +25,16 @@ def render_sample(tokenizer, sample) -> str:
     text = tokenizer.decode(span)
     out.append(f"[[{text}]]" if masked else text)
     return "".join(out)
+
+
+def free_run_name(config) -> str:
+    """``config.name``, or ``name-2``, ``name-3``, ... : the first that has no run directory yet."""
+    base, k = config.name, 1
+    name = base
+    while (Path(config.out_dir) / name).exists():
+        k += 1
+        name = f"{base}-{k}"
+    return name
 
 
 def before_after(history: list[dict]) -> tuple[dict, dict] | None:
