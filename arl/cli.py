@@ -4,6 +4,8 @@
     arl chat MODEL "question"                 one chat turn through an engine (sanity check)
     arl play ENV_ID [--seed N]                play a game in the terminal
     arl demo                                  the README's demo (see `arl demo --help`)
+    arl train CONFIG [key=value ...]          train: CONFIG is a YAML path or a packaged name (`arl configs`)
+    arl configs                               the packaged configs and the command that runs each
     arl bench NAME [ARGS...]                  run benchmarks/NAME.py of the checkout (e.g. overhead --quick)
 """
 
@@ -64,7 +66,7 @@ def _cmd_play(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from arl.config import load_config
 
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, [*args.overrides, *(["overwrite=true"] if args.overwrite else [])])
     history = asyncio.run(_train(config, resume=args.resume))
     evals = [row for row in history if "eval/success_rate" in row]
     if evals:
@@ -81,8 +83,8 @@ async def _train(config, resume: bool) -> list[dict]:
 
     from arl.train import Trainer
 
-    async with Trainer(config) as trainer:
-        await trainer.setup(resume=resume)
+    async with Trainer(config, resume=resume) as trainer:
+        await trainer.setup()
         bar = tqdm(total=config.steps, initial=trainer.step_count, desc=config.name, unit="step")
 
         def progress(step: int, m: dict) -> None:
@@ -94,7 +96,7 @@ async def _train(config, resume: bool) -> list[dict]:
                 bar.write(f"step {step}: eval success {m['eval/success_rate']:.1%}, "
                           f"valid actions {m.get('eval/valid_action_rate', float('nan')):.1%}")
 
-        history = await trainer.train(resume=resume, progress=progress)
+        history = await trainer.train(progress=progress)
         bar.close()
         return history
 
@@ -108,26 +110,29 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 async def _eval(args: argparse.Namespace) -> dict:
     from arl.engine import make_engine
-    from arl.rollout import GroupScheduler, ManagerConfig, StepEnvManager, TrajEnvManager
+    from arl.rollout import ManagerConfig
+    from arl.rollout.factory import RolloutConfig, close_manager, make_manager, make_scheduler
     from arl.train import evaluation_metrics
 
-    manager_cls = {"traj": TrajEnvManager, "step": StepEnvManager}[args.mode]
     config = ManagerConfig(max_tokens=args.max_tokens, temperature=args.temperature, history_len=args.history_len,
                            prompt_style=args.prompt_style)
+    rollout = RolloutConfig(env_id=args.env, mode=args.mode, num_groups=1, group_size=1, manager=config)
     async with make_engine(backend=args.backend, model=args.model) as engine:
-        groups = GroupScheduler(args.env, num_groups=1, group_size=1)
-        batch = await groups.run(manager_cls(engine, config), groups.val_specs(num_seeds=args.num_seeds))
+        manager = make_manager(engine, rollout)
+        groups = make_scheduler(rollout)
+        try:
+            batch = await groups.run(manager, groups.val_specs(num_seeds=args.num_seeds))
+        finally:
+            await close_manager(manager)
     return evaluation_metrics(batch.metrics)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from arl.config import load_config
-    from arl.demo import DEMO_CONFIG, before_after
+    from arl.demo import DEMO_CONFIG, before_after, free_run_name
 
-    if not DEMO_CONFIG.exists():
-        print(f"arl demo needs the repository checkout ({DEMO_CONFIG} is missing)", file=sys.stderr)
-        return 2
     config = load_config(DEMO_CONFIG, args.overrides)
+    config.name = free_run_name(config)  # never resume or overwrite an earlier demo run: a new directory
     start = time.perf_counter()
     history = asyncio.run(_train(config, resume=False))
     pair = before_after(history)
@@ -139,6 +144,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
               f"({a / b if b else float('inf'):.1f}x, {100 * (a - b):+.1f} points)")
     print(f"learning curve: {config.run_dir / 'learning_curve.png'}; metrics: {config.run_dir / 'metrics.jsonl'}")
     print(f"demo finished in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def _cmd_configs(args: argparse.Namespace) -> int:
+    """The packaged configs, each with its first comment line (the command that runs it)."""
+    from arl.config import CONFIG_DIR, packaged_configs
+
+    print(f"packaged configs ({CONFIG_DIR}); run one from any directory with `arl train NAME`")
+    for name in packaged_configs():
+        lines = (CONFIG_DIR / f"{name}.yaml").read_text().splitlines()
+        first = " ".join(lines[0].lstrip("#").split()) if lines and lines[0].startswith("#") else ""
+        print(f"  {name:<28} {first}".rstrip())
     return 0
 
 
@@ -181,15 +198,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_play)
 
     p = sub.add_parser("train", help="train from a YAML config: arl train CONFIG [dotted.key=value ...]")
-    p.add_argument("config")
+    p.add_argument("config", help="a YAML file, or the name of a packaged config (`arl configs` lists them), "
+                                  "e.g. tiny_frozenlake_gigpo")
     p.add_argument("overrides", nargs="*", help="e.g. optim.lr=3e-4 algo.estimator=grpo")
     p.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete the run already in the run directory and start over (without it, arl refuses)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="a model on a game's validation panel: success, valid actions, turns")
     p.add_argument("model", help="zoo name, local HF directory or a run checkpoint (runs/NAME/ckpt_...)")
     p.add_argument("--env", default="arl/FrozenLake-v0")
-    p.add_argument("--mode", default="step", choices=["traj", "step"])
+    p.add_argument("--mode", default="step", choices=["traj", "step", "proxy"],
+                   help="proxy: arl's GymRunner through the in-process proxy")
     p.add_argument("--num-seeds", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.5)
     p.add_argument("--max-tokens", type=int, default=8)
@@ -200,8 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("demo", help="the README demo: the tiny model learns FrozenLake on a CPU")
-    p.add_argument("overrides", nargs="*", help="dotted overrides of configs/tiny_frozenlake_gigpo.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted overrides of the packaged config tiny_frozenlake_gigpo")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("configs", help="list the packaged configs (arl train NAME runs one from any directory)")
+    p.set_defaults(func=_cmd_configs)
 
     p = sub.add_parser("bench", help="run a benchmark script: arl bench NAME [ARGS...] (benchmarks/NAME.py)")
     p.add_argument("name", help="overhead, engines, rollout, trainer_step, peers, envs")
@@ -216,12 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.verbose == 0:  # vLLM warns on every weight push that the rotary cache has no checkpoint weights
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-    from arl.config import ConfigError
+    from arl.config import ConfigError, RunExistsError
     from arl.models import UnknownModelError
 
     try:
         return int(args.func(args) or 0)
-    except (UnknownModelError, ConfigError) as exc:
+    except (UnknownModelError, ConfigError, RunExistsError) as exc:
         print(f"arl: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

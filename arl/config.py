@@ -18,11 +18,15 @@ import yaml
 from attrs import validators as v
 
 from arl.engine import BACKENDS, EngineConfig
-from arl.rollout.base import ManagerConfig
+from arl.rollout.factory import ProxyConfig, RolloutConfig  # noqa: F401 -- re-exported: sections of TrainConfig
 
 
 class ConfigError(ValueError):
     """A config file or override that does not describe a valid experiment."""
+
+
+class RunExistsError(FileExistsError):
+    """A fresh run was asked to start in a run directory that holds another run."""
 
 
 def _choice(*allowed: str):
@@ -31,17 +35,6 @@ def _choice(*allowed: str):
             raise ValueError(f"{attribute.name}={value!r} is not one of {', '.join(map(repr, allowed))}")
 
     return check
-
-
-@attrs.define
-class RolloutConfig:
-    env_id: str = "arl/FrozenLake-v0"
-    mode: str = attrs.field(default="step", validator=_choice("traj", "step"))
-    num_groups: int = attrs.field(default=8, validator=v.ge(1))
-    group_size: int = attrs.field(default=8, validator=v.ge(1))
-    max_concurrency: int = attrs.field(default=64, validator=v.ge(1))
-    mask_abnormal: bool = True  # drop abnormally ended episodes from the loss
-    manager: ManagerConfig = attrs.Factory(ManagerConfig)
 
 
 @attrs.define
@@ -90,6 +83,18 @@ class SFTConfig:
     lr: float = 1e-3
     batch_episodes: int = 32
     micro_batch_size: int = 32
+    # Who plays the warm-start episodes: "answers" (random valid `<answer>X</answer>` replies),
+    # "tool_calls" (random valid `move` tool calls, for function-calling agents), or "auto"
+    # (tool_calls when rollout.proxy.runner is "tool", else answers).
+    teacher: str = attrs.field(default="auto", validator=_choice("auto", "answers", "tool_calls"))
+
+
+DEFAULT_MODEL = "tiny"
+
+
+def _set_engine_model(config: TrainConfig, model: str) -> str:
+    config.engine.model = model
+    return model
 
 
 @attrs.define
@@ -101,13 +106,27 @@ class TrainConfig:
     save_every: int = 0  # 0: only at the end
     keep_checkpoints: int | None = 2
     tensorboard: bool = True
-    model: str = "tiny"
+    # A fresh run into a directory that holds a run (checkpoints, metrics) refuses to start unless
+    # this is set; resuming is the other way. Nothing else ever deletes a run.
+    overwrite: bool = False
+    # The one model name: the engine serves it and the trainer trains it (setting it later sets
+    # engine.model too).
+    model: str = attrs.field(default=DEFAULT_MODEL, on_setattr=lambda self, _, value: _set_engine_model(self, value))
     engine: EngineConfig = attrs.Factory(EngineConfig)
     rollout: RolloutConfig = attrs.Factory(RolloutConfig)
     algo: AlgoConfig = attrs.Factory(AlgoConfig)
     optim: OptimConfig = attrs.Factory(OptimConfig)
     eval: EvalConfig = attrs.Factory(EvalConfig)
     sft: SFTConfig = attrs.Factory(SFTConfig)
+
+    def __attrs_post_init__(self) -> None:
+        # One model name, however the config was built (YAML, Python, `attrs.evolve`): a model set
+        # only on the engine is taken as the run's; two different explicit names are an error.
+        if self.engine.model != self.model:
+            if self.model != DEFAULT_MODEL and self.engine.model != DEFAULT_MODEL:
+                raise ValueError(f"model={self.model!r} and engine.model={self.engine.model!r} disagree: set model only")
+            self.model = self.engine.model if self.model == DEFAULT_MODEL else self.model
+        self.engine.model = self.model
 
     @property
     def run_dir(self) -> Path:
@@ -158,10 +177,33 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # the packaged experiments (package data)
+
+
+def packaged_configs() -> list[str]:
+    """Names of the configs shipped inside the package (`arl train NAME` runs one from any directory)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """An existing file path wins; else a packaged config by name (`tiny_frozenlake_gigpo[.yaml]`)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    name = str(name_or_path)
+    if "/" not in name and "\\" not in name:  # a bare name, not a path
+        packaged = CONFIG_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+        if packaged.is_file():
+            return packaged
+    raise ConfigError(f"no config {name!r}: not a file, and not a packaged config "
+                      f"(packaged: {', '.join(packaged_configs()) or 'none'})")
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """YAML file (optional) + dotted overrides -> validated TrainConfig."""
     data: dict[str, Any] = {}
     if path is not None:
+        path = resolve_config_path(path)
         try:
             loaded = yaml.safe_load(Path(path).read_text())
         except OSError as exc:
@@ -172,7 +214,6 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise ConfigError(f"config {path} must be a mapping at the top level")
         data = loaded or {}
     config = structure(apply_overrides(data, overrides))
-    config.engine.model = config.model  # one model name drives the engine and the trainer
     if config.engine.backend not in BACKENDS:  # pragma: no cover - validated by EngineConfig
         raise ConfigError(f"engine.backend must be one of {BACKENDS}")
     return config

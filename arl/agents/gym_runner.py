@@ -20,11 +20,20 @@ import traceback
 from typing import Any
 
 from arl.agents.runner import AgentRunner, ChatClient, EpisodeResult
-from arl.envs.prompts import SYSTEM_PROMPT, traj_messages_start, traj_user_message
+from arl.envs.prompts import (
+    SYSTEM_PROMPT,
+    compact_messages,
+    compact_user_message,
+    history_action,
+    step_messages,
+    traj_messages_start,
+    traj_user_message,
+)
 from arl.envs.text import TextEnv
 from arl.envs.tools import ToolEnv
 
 _INFO_KEYS = ("action", "action_valid", "action_effective", "success")
+STATE_KEY = "state"  # step_infos key: the raw observation the step's action was taken in (GiGPO's anchor)
 
 
 class _Stop(Exception):
@@ -98,6 +107,15 @@ class _GameRunner(AgentRunner):
     def request_kwargs(self, env: Any) -> dict[str, Any]:
         return {}
 
+    @property
+    def fresh_prompts(self) -> bool:
+        """Whether `next_messages` returns a whole new prompt instead of messages to append."""
+        return False
+
+    def record_step(self, state: str, assistant: dict[str, Any], info: dict[str, Any], reward: float) -> None:
+        """Called after every env step (the state the action was taken in, the reply, the env's
+        info and reward); runners that build their prompts from the history keep it here."""
+
     # -- the loop --------------------------------------------------------------------------------
     def _env(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -112,7 +130,9 @@ class _GameRunner(AgentRunner):
         info: dict[str, Any] = {}
         try:
             env = self._env(self.make_env)
-            observation, _ = self._env(env.reset, seed=seed)
+            observation, info = self._env(env.reset, seed=seed)
+            state = str(info.get("raw_obs", observation))
+            info = {}
             limit = self._turn_limit(env.max_steps)
             messages = self.first_messages(env, observation, limit)
             extra = self.request_kwargs(env)
@@ -130,12 +150,18 @@ class _GameRunner(AgentRunner):
                 messages.append(assistant)
                 observation, reward, terminated, truncated, info = self._env(env.step, self.env_action(assistant))
                 steps.append(float(reward))
-                infos.append({k: info[k] for k in _INFO_KEYS if k in info})
+                infos.append({**{k: info[k] for k in _INFO_KEYS if k in info}, STATE_KEY: state})
+                self.record_step(state, assistant, info, float(reward))
+                state = str(info.get("raw_obs", state))
                 metrics["num_turns"] += 1
                 metrics["num_invalid"] += 0.0 if info.get("action_valid") else 1.0
                 if terminated or truncated or turn == limit:
                     break
-                messages.extend(self.next_messages(turn, observation, limit))
+                following = self.next_messages(turn, observation, limit)
+                if self.fresh_prompts:
+                    messages = following
+                else:
+                    messages.extend(following)
         except _Stop as stop:
             return EpisodeResult(
                 status=stop.status, score=sum(steps), step_scores=steps, exit_reason=stop.exit_reason,
@@ -155,13 +181,35 @@ class _GameRunner(AgentRunner):
 
 
 class GymRunner(_GameRunner):
-    """Plays a `TextEnv` with ``<answer>X</answer>`` replies, in the trajectory-mode conversation."""
+    """Plays a `TextEnv` with ``<answer>X</answer>`` replies.
+
+    ``conversation="traj"`` (default) keeps one growing chat, exactly the conversation
+    `TrajEnvManager` builds; ``"step"`` sends a fresh self-contained prompt per step (the last
+    ``history_len`` steps and the current observation), exactly what `StepEnvManager` builds.
+    ``prompt_style="compact"`` uses the grid-only prompts of `arl.envs.prompts` in either.
+    """
+
+    def __init__(
+        self, client: ChatClient, env_id: str, *, conversation: str = "traj", prompt_style: str = "full",
+        history_len: int = 2, **kwargs: Any,
+    ) -> None:
+        super().__init__(client, env_id, **kwargs)
+        if conversation not in ("traj", "step"):
+            raise ValueError(f"conversation must be 'traj' or 'step', got {conversation!r}")
+        if prompt_style not in ("full", "compact"):
+            raise ValueError(f"prompt_style must be 'full' or 'compact', got {prompt_style!r}")
+        self.conversation = conversation
+        self.prompt_style = prompt_style
+        self.history_len = history_len
+        self._history: list[tuple[str, str, float]] = []
+        self._instructions = ""
 
     def make_env(self) -> TextEnv:
         return TextEnv(self.env_id, format_penalty=self.format_penalty, **self.env_kwargs)
 
     def first_messages(self, env: TextEnv, observation: str, limit: int) -> list[dict[str, Any]]:
-        return traj_messages_start(observation, limit, self.max_tokens, env.instructions)
+        self._history, self._instructions = [], env.instructions
+        return self._prompt(observation, 0, limit)
 
     def assistant_message(self, message: Any) -> dict[str, Any]:
         return {"role": "assistant", "content": message.content or ""}
@@ -169,9 +217,32 @@ class GymRunner(_GameRunner):
     def env_action(self, assistant: dict[str, Any]) -> str:
         return assistant["content"]
 
+    def record_step(self, state: str, assistant: dict[str, Any], info: dict[str, Any], reward: float) -> None:
+        action = history_action(info.get("action"), bool(info.get("action_valid")), assistant["content"])
+        self._history.append((state, action, reward))
+
     def next_messages(self, turn: int, observation: str, limit: int) -> list[dict[str, Any]]:
-        text = traj_user_message(turn + 1, observation, limit - turn, self.max_tokens)
+        return self._prompt(observation, turn, limit)
+
+    def _prompt(self, observation: str, turn: int, limit: int) -> list[dict[str, Any]]:
+        """Messages after ``turn`` steps: the whole next prompt in step conversations (`run_job`
+        then starts a new message list), the new user message in traj conversations."""
+        compact = self.prompt_style == "compact"
+        if self.conversation == "step":
+            if compact:
+                return compact_messages(observation, limit - turn)
+            return step_messages(self._instructions, observation, turn, self._history, self.history_len,
+                                 limit - turn, self.max_tokens)
+        if turn == 0:
+            return compact_messages(observation, limit) if compact else traj_messages_start(
+                observation, limit, self.max_tokens, self._instructions)
+        text = (compact_user_message(observation, limit - turn) if compact
+                else traj_user_message(turn + 1, observation, limit - turn, self.max_tokens))
         return [{"role": "user", "content": text}]
+
+    @property
+    def fresh_prompts(self) -> bool:
+        return self.conversation == "step"
 
 
 class ToolCallRunner(_GameRunner):

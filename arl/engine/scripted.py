@@ -33,7 +33,7 @@ INVALID_ANSWERS = (
 )
 
 # config.scripted keys -> constructor arguments (all of them, under the same names).
-OPTIONS = ("responses", "mode", "actions", "invalid_rate", "logprob", "latency_s", "fail_rate")
+OPTIONS = ("responses", "mode", "actions", "invalid_rate", "logprob", "latency_s", "fail_rate", "answer_format")
 
 
 class ScriptedEngine(BaseEngine):
@@ -54,10 +54,13 @@ class ScriptedEngine(BaseEngine):
         logprob: float | None = None,
         latency_s: float = 0.0,
         fail_rate: float = 0.0,
+        answer_format: str = "<answer>{action}</answer>",
     ):
         """`responses` (a list cycled in order, or `f(prompt_text) -> str`) switches to mode
         "responses". `logprob=None` gives hashed log-probs in [-3, 0]; a float gives that constant.
-        `latency_s` sleeps per request; `fail_rate` is the chance a request raises EngineError."""
+        `latency_s` sleeps per request; `fail_rate` is the chance a request raises EngineError.
+        `answer_format` shapes a random valid reply from ``{action}`` (e.g. a ``<tool_call>`` block
+        for agents that act through function calls)."""
         if mode not in ("random_actions", "responses"):
             raise ValueError(f"unknown scripted mode {mode!r}; expected 'random_actions' or 'responses'")
         if responses is not None:
@@ -70,6 +73,8 @@ class ScriptedEngine(BaseEngine):
             raise ValueError("responses must be a non-empty list of strings or a callable")
         if not actions:
             raise ValueError("actions must not be empty")
+        if "{action}" not in answer_format:
+            raise ValueError(f"answer_format must contain '{{action}}', got {answer_format!r}")
         for name, rate in (("invalid_rate", invalid_rate), ("fail_rate", fail_rate)):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {rate}")
@@ -86,6 +91,7 @@ class ScriptedEngine(BaseEngine):
         self.logprob = logprob
         self.latency_s = float(latency_s)
         self.fail_rate = float(fail_rate)
+        self.answer_format = answer_format
         self._cursor = itertools.count()  # position in a response list (shared by all requests)
         self.requests = 0  # served requests (failed ones included)
         self.weight_updates = 0
@@ -141,7 +147,7 @@ class ScriptedEngine(BaseEngine):
         invalid, pick = rng.random(), rng.random()
         if invalid < self.invalid_rate:
             return INVALID_ANSWERS[int(pick * len(INVALID_ANSWERS))]
-        return f"<answer>{self.actions[int(pick * len(self.actions))]}</answer>"
+        return self.answer_format.replace("{action}", self.actions[int(pick * len(self.actions))])
 
     def _complete(self, prompt: list[int], params: SamplingParams, index: int) -> Generation:
         ids = list(self.tokenizer.encode(self.response_text(prompt, params, index), add_special_tokens=False))

@@ -42,6 +42,21 @@ def traj_messages_start(
     ]
 
 
+HISTORY_ACTION_CHARS = 200  # an invalid reply is shown in the step history, clipped
+
+
+def history_action(action: str | None, valid: bool, reply: str) -> str:
+    """What a step prompt's history shows as a step's action: the canonical action name when the
+    reply parsed, else the reply itself (stripped, clipped), so the model sees its own mistake.
+
+    >>> history_action("Up", True, "<answer>up</answer>"), history_action(None, False, "  jump ")
+    ('Up', 'jump')
+    """
+    if valid and action is not None:
+        return action
+    return reply.strip()[:HISTORY_ACTION_CHARS] or "(empty reply)"
+
+
 def step_user_message(
     instructions: str,
     observation: str,

@@ -13,11 +13,9 @@ only with the history window) no longer fits.
 
 from __future__ import annotations
 
-from arl.envs.prompts import compact_messages, step_messages
+from arl.envs.prompts import compact_messages, history_action, step_messages
 from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids, state_hash
-from arl.rollout.records import Sample, Trajectory, Turn
-
-_MAX_HISTORY_ACTION_CHARS = 200  # an invalid reply is shown in the history, clipped
+from arl.rollout.records import Sample, Trajectory
 
 
 class StepEnvManager(EnvManager):
@@ -40,7 +38,8 @@ class StepEnvManager(EnvManager):
                 break
             turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs)
             turn.state_hash = state_hash(obs)
-            history.append((obs, _history_action(tok, turn), turn.reward))
+            reply = tok.decode(turn.response_ids, skip_special_tokens=True)
+            history.append((obs, history_action(turn.action, turn.action_valid, reply), turn.reward))
             obs = next_obs
             if terminated or truncated:
                 traj.exit_reason = "terminated" if terminated else "truncated"
@@ -76,11 +75,3 @@ class StepEnvManager(EnvManager):
                 )
             )
         return samples
-
-
-def _history_action(tokenizer: object, turn: Turn) -> str:
-    """What the history shows as the action: the canonical name, or the (clipped) invalid reply."""
-    if turn.action_valid and turn.action is not None:
-        return turn.action
-    text = tokenizer.decode(turn.response_ids, skip_special_tokens=True).strip()  # type: ignore[attr-defined]
-    return text[:_MAX_HISTORY_ACTION_CHARS] or "(empty reply)"

@@ -2,15 +2,20 @@
 
 For the tiny random-init model, RL cannot start from nothing: it never emits a parseable
 `<answer>X</answer>`, so every reward is the same format penalty and every advantage is zero.
-The warm-start plays episodes with the scripted engine answering *uniformly random valid
-actions*, through the very manager (and so the very prompts) RL will use, and fits the model to
-those answers with cross-entropy on the response tokens. It teaches the format, not the game:
-the targets carry no information about which action is good.
+The warm-start plays episodes with a *teacher* engine answering *uniformly random valid actions*,
+through the very manager (and so the very prompts, or the very agent code in proxy mode) RL will
+use, and fits the model to those answers with cross-entropy on the response tokens. It teaches
+the format, not the game: the targets carry no information about which action is good.
+
+The default teacher is the scripted engine: `<answer>X</answer>` replies, or `move` tool calls
+(``sft.teacher: tool_calls``, automatic for ``rollout.proxy.runner: tool``) for agents that act
+through function calling. Any engine can teach (``format_warm_start(trainer, teacher=...)``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -18,25 +23,52 @@ import numpy as np
 import torch
 
 from arl.engine.scripted import ScriptedEngine
+from arl.envs.tools import TOOL_NAME
 from arl.rollout import GroupScheduler, collate
+from arl.rollout.factory import close_manager
+
+# A random valid `move` call in the <tool_call> convention arl's proxy parses ({action} is filled in).
+TOOL_CALL_ANSWER = "<tool_call>" + json.dumps({"name": TOOL_NAME, "arguments": {"direction": "{action}"}}) + "</tool_call>"
 
 
-async def format_warm_start(trainer: Any) -> dict[str, float]:
-    """`config.sft.steps` optimizer steps of cross-entropy on random-valid-action episodes."""
+def teacher_engine(trainer: Any) -> ScriptedEngine:
+    """The scripted teacher ``config.sft.teacher`` names (random valid actions, answers or tool calls)."""
     c = trainer.config
-    scripted = ScriptedEngine(trainer.tokenizer, seed=c.seed, max_model_len=trainer.engine.max_model_len)
-    manager = type(trainer.manager)(scripted, trainer.manager.config)
+    kind = c.sft.teacher
+    if kind == "auto":
+        kind = "tool_calls" if c.rollout.mode == "proxy" and c.rollout.proxy.runner == "tool" else "answers"
+    answer = TOOL_CALL_ANSWER if kind == "tool_calls" else "<answer>{action}</answer>"
+    return ScriptedEngine(trainer.tokenizer, seed=c.seed, max_model_len=trainer.engine.max_model_len,
+                          answer_format=answer)
+
+
+async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = None) -> dict[str, float]:
+    """`config.sft.steps` optimizer steps of cross-entropy on the teacher's episodes.
+
+    ``manager`` plays them (default: the trainer's manager re-built on the teacher, so the prompts
+    are exactly RL's); ``teacher`` answers (default: `teacher_engine`).
+    """
+    c = trainer.config
+    own_teacher = teacher is None
+    teacher = teacher_engine(trainer) if own_teacher else teacher
+    own_manager = manager is None
+    manager = trainer.manager.derive(engine=teacher) if own_manager else manager
     groups = GroupScheduler(
         c.rollout.env_id, num_groups=c.sft.batch_episodes, group_size=1,
         base_seed=c.seed * 1_000_003 + 500_000_000, tag="sft",
     )
     optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=c.sft.lr)
     start, losses = time.perf_counter(), []
-    for step in range(c.sft.steps):
-        batch = await groups.run(manager, groups.specs(step))
-        samples = [s for s in batch.samples if s.num_response_tokens > 0]
-        losses.append(await asyncio.to_thread(_sft_update, trainer.model, optimizer, samples, trainer, c))
-    await scripted.close()
+    try:
+        for step in range(c.sft.steps):
+            batch = await groups.run(manager, groups.specs(step))
+            samples = [s for s in batch.samples if s.num_response_tokens > 0]
+            losses.append(await asyncio.to_thread(_sft_update, trainer.model, optimizer, samples, trainer, c))
+    finally:
+        if own_manager:
+            await close_manager(manager)
+        if own_teacher:
+            await teacher.close()
     return {
         "sft/loss_first": float(losses[0]) if losses else float("nan"),
         "sft/loss_last": float(np.mean(losses[-5:])) if losses else float("nan"),

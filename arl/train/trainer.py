@@ -3,6 +3,14 @@
     trainer = Trainer(load_config("configs/tiny_frozenlake_gigpo.yaml"))
     await trainer.train()          # or: await trainer.step() / await trainer.evaluate()
 
+The rollout is one injectable component: by default `arl.rollout.factory` builds the manager the
+config's ``rollout.mode`` names (traj, step, or proxy with an agent runner); any `EnvManager`
+can be passed instead (``Trainer(config, manager=ProxyEnvManager(engine, ..., my_agent))``) and
+trains with the same evaluation, checkpoints and metrics.
+
+A run directory is never cleared implicitly: a fresh run into one that holds a run refuses
+(`RunExistsError`) unless ``resume=True`` or ``config.overwrite`` says which.
+
 Everything is awaited on the caller's event loop (the CLI's `asyncio.run`, or a notebook's);
 the blocking torch work of an update runs in a worker thread so the loop stays responsive.
 """
@@ -18,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
@@ -30,10 +39,11 @@ from arl.algo import (
     reinforce,
     token_logprobs,
 )
-from arl.config import TrainConfig, unstructure
+from arl.config import RunExistsError, TrainConfig, unstructure
 from arl.engine import make_engine
 from arl.models import resolve_model
-from arl.rollout import GroupScheduler, ManagerConfig, Sample, StepEnvManager, TrajEnvManager, collate
+from arl.rollout import ManagerConfig, Sample, collate
+from arl.rollout.factory import close_manager, make_manager, make_scheduler
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from arl.train.logging import MetricsLogger, plot_learning_curve
 
@@ -41,29 +51,52 @@ log = logging.getLogger(__name__)
 
 REFERENCE_FILE = "reference.pt"  # the KL reference policy's state dict, when it is not the initial model
 
-MANAGERS = {"traj": TrajEnvManager, "step": StepEnvManager}
-
-
 class Trainer:
-    def __init__(self, config: TrainConfig, *, engine: Any = None):
+    """``Trainer(config, *, engine=None, manager=None, val_manager=None, resume=False)``.
+
+    ``engine``: the engine to train (default: built from ``config.engine``; an injected engine is
+    not closed by the trainer). ``manager``: the rollout (default: `make_manager` from
+    ``config.rollout``; it must run on the trainer's engine). ``val_manager``: evaluation
+    (default: ``manager.derive(...)`` at ``config.eval.temperature``). ``resume``: continue the run
+    in ``config.run_dir`` from its latest checkpoint.
+    """
+
+    def __init__(self, config: TrainConfig, *, engine: Any = None, manager: Any = None, val_manager: Any = None,
+                 resume: bool = False):
+        if manager is not None:
+            if engine is not None and manager.engine is not engine:
+                raise ValueError("the manager runs on another engine than the one given: the trainer must push "
+                                 "its weights into the engine that generates the rollout")
+            engine = manager.engine
+        if val_manager is not None and engine is not None and val_manager.engine is not engine:
+            raise ValueError("val_manager runs on another engine than the trainer's")
         self.config = config
         self.engine = engine  # injected (tests, notebooks) or built in setup()
         self._owns_engine = engine is None
+        self.manager = manager
+        self.val_manager = val_manager
+        self._owned_managers: list[Any] = []
+        self.resume = resume
         self.step_count = 0
         self.history: list[dict[str, float]] = []
         self._ready = False
 
     # -- set-up ------------------------------------------------------------------------------------
-    async def setup(self, resume: bool = False) -> None:
+    async def setup(self, resume: bool | None = None) -> None:
         """Build engine, policy, optimizer and managers (idempotent). The engine comes first:
-        on a GPU, vLLM sizes its memory against what is free when it starts."""
+        on a GPU, vLLM sizes its memory against what is free when it starts. ``resume``
+        overrides the constructor's choice (only before the first set-up)."""
         if self._ready:
             return
+        if resume is not None:
+            self.resume = resume
         c = self.config
+        self.run_dir = c.run_dir
+        self._check_run_dir()  # before anything is built: a refusal costs nothing
         torch.manual_seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
         if self.engine is None:
-            self.engine = make_engine(c.engine)
+            self.engine = make_engine(attrs.evolve(c.engine, model=c.model))
         from transformers import AutoModelForCausalLM
 
         self.tokenizer = self.engine.tokenizer
@@ -75,18 +108,15 @@ class Trainer:
             self.model.parameters(), lr=c.optim.lr, betas=tuple(c.optim.betas), weight_decay=c.optim.weight_decay
         )
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        manager_cls = MANAGERS[c.rollout.mode]
-        self.manager = manager_cls(self.engine, c.rollout.manager)
-        val_config = copy.deepcopy(c.rollout.manager)
-        val_config.temperature = c.eval.temperature
-        self.val_manager = manager_cls(self.engine, val_config)
-        self.groups = GroupScheduler(
-            c.rollout.env_id, c.rollout.num_groups, c.rollout.group_size,
-            base_seed=c.seed * 1_000_003, max_concurrency=c.rollout.max_concurrency,
-        )
-        self.run_dir = c.run_dir
+        if self.manager is None:
+            self.manager = make_manager(self.engine, c.rollout)
+            self._owned_managers.append(self.manager)
+        if self.val_manager is None:
+            self.val_manager = self.manager.derive(attrs.evolve(self.manager.config, temperature=c.eval.temperature))
+            self._owned_managers.append(self.val_manager)
+        self.groups = make_scheduler(c.rollout, c.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        ckpt = latest_checkpoint(self.run_dir) if self.resume else None
         if ckpt is not None:
             state = load_checkpoint(ckpt, self.model, self.optimizer, self.lr_schedule)
             self.step_count = int(state["step"])
@@ -94,8 +124,6 @@ class Trainer:
             self.history = list(extra.get("history", []))
             self.rng.bit_generator.state = extra["rng"]
             self._load_reference()
-        elif not resume:
-            _clear_run_dir(self.run_dir)  # a fresh run owns its directory: no stale rows or checkpoints
         # The engine must serve this policy: an injected engine may hold another run's weights, and a
         # resumed run's weights differ from the checkpoint the engine loaded (~10 ms for the tiny model).
         await self.push_weights()
@@ -103,6 +131,22 @@ class Trainer:
             self.run_dir, tensorboard=c.tensorboard, resume_step=self.step_count if ckpt is not None else None
         )
         self._ready = True
+
+    def _check_run_dir(self) -> None:
+        """A fresh run starts only in a directory without a run in it, or when told to overwrite."""
+        if self.resume:
+            return
+        found = _run_artifacts(self.run_dir)
+        if not found:
+            return
+        if not self.config.overwrite:
+            raise RunExistsError(
+                f"{self.run_dir} already holds a run ({', '.join(found)}); nothing was changed. Either resume it "
+                f"(`arl train CONFIG --resume`, or Trainer(config, resume=True)) or start over and delete it "
+                f"(`arl train CONFIG --overwrite`, or overwrite=true in the config)"
+            )
+        log.warning("overwriting the run in %s (%s)", self.run_dir, ", ".join(found))
+        _clear_run_dir(self.run_dir)
 
     def _lr_factor(self, step: int) -> float:
         o, total = self.config.optim, max(1, self.config.steps)
@@ -178,7 +222,7 @@ class Trainer:
         pad = self.tokenizer.pad_token_id or 0
         batch = collate(samples, pad_id=pad, mask_abnormal=c.rollout.mask_abnormal)
         adv = torch.tensor(advantages, dtype=torch.float32, device=self.device)
-        temperature = max(c.rollout.manager.temperature, 1e-6)
+        temperature = max(self.manager.config.temperature, 1e-6)
         # PPO's "old" policy is the trainer's own log-probs of the sampled tokens before the update.
         # With one optimizer step per rollout they equal the current ones (ratio == 1, plain policy
         # gradient), so the extra forward pass is skipped and each micro-batch detaches its own.
@@ -266,8 +310,9 @@ class Trainer:
         return evaluation_metrics(batch.metrics)
 
     # -- the loop ----------------------------------------------------------------------------------
-    async def train(self, resume: bool = False, progress: Any = None) -> list[dict[str, float]]:
-        """Run until `config.steps`; `progress` is an optional callback(step, metrics)."""
+    async def train(self, resume: bool | None = None, progress: Any = None) -> list[dict[str, float]]:
+        """Run until `config.steps`; `progress` is an optional callback(step, metrics). ``resume``
+        as in the constructor (it only matters before the first set-up)."""
         await self.setup(resume=resume)
         if self.step_count == 0 and self.config.sft.steps > 0:
             from arl.train.sft import format_warm_start
@@ -323,6 +368,9 @@ class Trainer:
     async def close(self) -> None:
         if getattr(self, "logger", None) is not None:
             self.logger.close()
+        for manager in self._owned_managers:
+            await close_manager(manager)
+        self._owned_managers = []
         if self._owns_engine and self.engine is not None:
             await self.engine.close()
 
@@ -337,6 +385,16 @@ def evaluation_metrics(rollout_metrics: dict[str, float]) -> dict[str, float]:
     """rollout/* metrics of a validation batch, renamed into the eval/ namespace."""
     keep = ("success_rate", "valid_action_rate", "mean_turns", "mean_episode_score", "num_episodes")
     return {f"eval/{k}": rollout_metrics[f"rollout/{k}"] for k in keep if f"rollout/{k}" in rollout_metrics}
+
+
+def _run_artifacts(run_dir: Path) -> list[str]:
+    """What in ``run_dir`` belongs to an earlier run (checkpoints, metrics, the KL reference)."""
+    if not run_dir.is_dir():
+        return []
+    ckpts = sorted(p.name for p in run_dir.glob("ckpt_*"))
+    found = [f"{len(ckpts)} checkpoint(s): {', '.join(ckpts[-3:])}"] if ckpts else []
+    found += [name for name in ("metrics.jsonl", REFERENCE_FILE) if (run_dir / name).exists()]
+    return found
 
 
 def _clear_run_dir(run_dir: Path) -> None:
@@ -354,4 +412,4 @@ def _trim(batch: dict[str, Any], idx: Any, device: torch.device) -> dict[str, to
     return {k: batch[k][idx, :width].to(device) for k in keys}
 
 
-__all__ = ["ManagerConfig", "Trainer", "evaluation_metrics"]
+__all__ = ["ManagerConfig", "RunExistsError", "Trainer", "evaluation_metrics"]

@@ -212,10 +212,112 @@ async def test_request_after_episode_end_gets_410(scripted):
             assert episode.trajectory.ok
             client = clients[-1]
             if transport == "http":  # the manager closed its client; a stock one with the same key
-                client = openai.AsyncOpenAI(base_url=manager.server.base_url, api_key=spec().traj_id, max_retries=0)
+                client = openai.AsyncOpenAI(base_url=manager.server.base_url, api_key=client.api_key, max_retries=0)
             with pytest.raises(openai.APIStatusError) as info:
                 await client.chat.completions.create(model="arl", messages=[{"role": "user", "content": "x"}])
             assert info.value.status_code == 410
             if transport == "http":
                 await client.close()
     await anyio.sleep(0)
+
+
+# -- bearer tokens are capabilities, not names ------------------------------------------------------
+
+
+async def test_guessed_sibling_tokens_are_refused(scripted):
+    """An agent that knows its own episode id (or sees the id pattern) cannot reach a sibling:
+    over HTTP the bearer token is a random per-episode secret, revoked at episode end."""
+    import openai
+
+    seen: dict[str, tuple[str, str]] = {}  # traj_id -> (token, base_url)
+    both_started = anyio.Event()
+    attempts: dict[str, list[int]] = {}
+
+    class Snooper:
+        def __init__(self, client, s):
+            self.client, self.spec = client, s
+            self.inner = gym_runner_factory(ManagerConfig(max_tokens=24, max_turns=2))(client, s)
+
+        async def run_job(self, seed):
+            seen[self.spec.traj_id] = (self.client.api_key, str(self.client.base_url))
+            if len(seen) == 2:
+                both_started.set()
+            await both_started.wait()
+            sibling = next(t for t in seen if t != self.spec.traj_id)
+            codes = []
+            for guess in (sibling, sibling.replace("/", "_"), f"{self.spec.group_id}/7"):
+                forged = openai.AsyncOpenAI(base_url=seen[sibling][1], api_key=guess, max_retries=0)
+                with pytest.raises(openai.APIStatusError) as info:
+                    await forged.chat.completions.create(model="arl", messages=[{"role": "user", "content": "x"}])
+                codes.append(info.value.status_code)
+                await forged.close()
+            attempts[self.spec.traj_id] = codes
+            return await self.inner.run_job(seed)
+
+    async with ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Snooper, transport="http") as manager:
+        async with anyio.create_task_group() as tg:
+            for member in range(2):
+                tg.start_soon(manager.run_episode, spec(member=member))
+    assert sorted(attempts) == ["train_0_3/0", "train_0_3/1"]
+    assert all(code == 404 for codes in attempts.values() for code in codes), attempts
+    tokens = [token for token, _ in seen.values()]
+    assert len(set(tokens)) == 2 and all(len(t) >= 32 and t not in seen for t in tokens)
+    # Both episodes still trained normally: the forged calls reached nobody.
+    assert manager.server.stats["requests"] >= 6
+
+
+# -- state keys name the state ----------------------------------------------------------------------
+
+
+async def test_equal_grids_at_different_turns_share_one_anchor_key(tiny_tokenizer):
+    """GymRunner's messages carry turn counters ("Turn k", "k actions left"), so hashing the
+    message would split one state into one key per turn; the key is the reported raw grid."""
+    always_up = ScriptedEngine(tiny_tokenizer, responses=["<answer>Up</answer>"])
+    manager = ProxyEnvManager(always_up, ManagerConfig(max_tokens=8, max_turns=6), tracker_mode="step")
+    episode = await manager.run_episode(spec(seed=5))  # seed 5: the start is on the top row
+    turns = episode.trajectory.turns
+    assert all(t.info["state_key"] == "runner" for t in turns)
+    repeats = [(i, j) for i in range(len(turns)) for j in range(i + 1, len(turns))
+               if turns[i].observation == turns[j].observation]
+    assert repeats, "walking into the top wall must repeat a grid"
+    for i, j in repeats:
+        assert turns[i].state_hash == turns[j].state_hash
+        # ... though the messages the agent sent at those turns differ
+        assert turns[i].prompt_ids != turns[j].prompt_ids
+    by_step = {s.step: s.state_hash for s in episode.samples}
+    assert all(by_step[i] == by_step[j] for i, j in repeats)
+
+
+async def test_runner_without_states_falls_back_to_the_message_hash(scripted):
+    class Silent:
+        def __init__(self, client, s):
+            self.inner = gym_runner_factory(ManagerConfig(max_tokens=24, max_turns=3))(client, s)
+
+        async def run_job(self, seed):
+            result = await self.inner.run_job(seed)
+            result.step_infos = []
+            return result
+
+    episode = await ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Silent, tracker_mode="step").run_episode(spec())
+    assert episode.trajectory.turns and all(t.info["state_key"] == "message" for t in episode.trajectory.turns)
+    assert episode.samples[0].info["state_keys_from_runner"] == 0
+
+
+async def test_proxy_step_equals_the_step_manager(scripted):
+    """GymRunner with step conversations through the step tracker is StepEnvManager, token for
+    token: same samples, scores and anchor keys (so GiGPO's anchor groups agree too)."""
+    from arl.rollout import StepEnvManager
+    from arl.rollout.factory import RolloutConfig, make_manager
+
+    for style, history in [("compact", 0), ("full", 2)]:
+        config = ManagerConfig(max_tokens=24, prompt_style=style, history_len=history)
+        rollout = RolloutConfig(mode="proxy", manager=config)
+        rollout.proxy.runner_kwargs = {"conversation": "step"}
+        proxy = make_manager(scripted, rollout)
+        for seed, member in [(0, 0), (3, 1), (8, 2)]:
+            want = await StepEnvManager(scripted, config).run_episode(spec(seed=seed, member=member))
+            got = await proxy.run_episode(spec(seed=seed, member=member))
+            assert [fields(x) for x in got.samples] == [fields(x) for x in want.samples]
+            assert [x.state_hash for x in got.samples] == [x.state_hash for x in want.samples]
+            assert [x.step_score for x in got.samples] == [x.step_score for x in want.samples]
+            assert [x.action_valid for x in got.samples] == [x.action_valid for x in want.samples]

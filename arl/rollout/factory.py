@@ -1,0 +1,111 @@
+"""The one place that knows what a rollout `mode` means: config -> manager and scheduler.
+
+    manager = make_manager(engine, rollout)              # rollout: RolloutConfig
+    groups = make_scheduler(rollout, seed=0)
+    batch = await groups.run(manager, groups.specs(step))
+
+``mode: traj | step`` are arl's own managers (`TrajEnvManager`, `StepEnvManager`); ``mode: proxy``
+is `ProxyEnvManager` running agent code, chosen by ``rollout.proxy.runner``:
+
+- ``gym`` (default): `GymRunner`, arl's text-action agent; ``tool``: `ToolCallRunner` (function
+  calling); ``push``: `PushModeRunner`, the agent program ``runner_kwargs.command`` in its own OS
+  process over HTTP (needs ``transport: http``);
+- ``"package.module:factory"``: your own. ``factory(client, spec, config, **runner_kwargs)``
+  returns an `AgentRunner` for one episode: ``client`` is the OpenAI-compatible client of the
+  episode, ``spec`` its `EpisodeSpec` (``env_id``, ``seed``, ...), ``config`` the `ManagerConfig`
+  (sampling settings: validation runs get the evaluation temperature through it).
+
+The trainer, ``arl eval`` and the benchmarks all build their managers here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from attrs import validators as v
+
+from arl.rollout.base import EnvManager, ManagerConfig
+from arl.rollout.proxy import ProxyEnvManager
+from arl.rollout.runners import RUNNERS, gym_runner, push_runner, resolve_runner, runner_factory, tool_runner
+from arl.rollout.scheduler import GroupScheduler
+from arl.rollout.step import StepEnvManager
+from arl.rollout.traj import TrajEnvManager
+
+MODES = ("traj", "step", "proxy")
+
+
+@attrs.define
+class ProxyConfig:
+    """How ``mode: proxy`` runs agent code (see the module docstring)."""
+
+    runner: str = "gym"  # gym | tool | push | "package.module:factory"
+    transport: str = attrs.field(default="inprocess", validator=v.in_(("inprocess", "http")))
+    tracker_mode: str = attrs.field(default="step", validator=v.in_(("traj", "step")))
+    keep_branches: str = attrs.field(default="all", validator=v.in_(("all", "longest")))
+    runner_kwargs: dict[str, Any] = attrs.Factory(dict)  # passed to the runner factory
+
+
+@attrs.define
+class RolloutConfig:
+    env_id: str = "arl/FrozenLake-v0"
+    mode: str = attrs.field(default="step", validator=v.in_(MODES))
+    num_groups: int = attrs.field(default=8, validator=v.ge(1))
+    group_size: int = attrs.field(default=8, validator=v.ge(1))
+    max_concurrency: int = attrs.field(default=64, validator=v.ge(1))
+    mask_abnormal: bool = True  # drop abnormally ended episodes from the loss
+    manager: ManagerConfig = attrs.Factory(ManagerConfig)
+    proxy: ProxyConfig = attrs.Factory(ProxyConfig)
+
+
+# -- managers and schedulers --------------------------------------------------------------------
+
+
+def make_manager(engine: Any, rollout: RolloutConfig, manager_config: ManagerConfig | None = None) -> EnvManager:
+    """The env manager ``rollout.mode`` names, on ``engine``, with ``manager_config`` (default:
+    ``rollout.manager``). Proxy managers over HTTP hold a server: ``await manager.aclose()``."""
+    config = manager_config or rollout.manager
+    if rollout.mode == "traj":
+        return TrajEnvManager(engine, config)
+    if rollout.mode == "step":
+        return StepEnvManager(engine, config)
+    if rollout.mode == "proxy":
+        p = rollout.proxy
+        if p.runner == "push" and p.transport != "http":
+            raise ValueError("rollout.proxy.runner=push runs the agent in another process: set rollout.proxy.transport=http")
+        return ProxyEnvManager(
+            engine, config, runner_for=runner_factory(p), transport=p.transport,  # type: ignore[arg-type]
+            tracker_mode=p.tracker_mode, keep_branches=p.keep_branches,  # type: ignore[arg-type]
+        )
+    raise ValueError(f"rollout.mode={rollout.mode!r} is not one of {', '.join(MODES)}")
+
+
+def make_scheduler(rollout: RolloutConfig, seed: int = 0, **overrides: Any) -> GroupScheduler:
+    """Training groups of ``rollout``: level seeds start at ``seed * 1_000_003`` (so two run seeds
+    never share levels); ``overrides`` replace constructor arguments (e.g. ``num_groups``)."""
+    kwargs = {"num_groups": rollout.num_groups, "group_size": rollout.group_size,
+              "base_seed": seed * 1_000_003, "max_concurrency": rollout.max_concurrency, **overrides}
+    return GroupScheduler(rollout.env_id, **kwargs)
+
+
+async def close_manager(manager: Any) -> None:
+    """Release what a manager holds (the proxy's HTTP server and connection pool), if anything."""
+    aclose = getattr(manager, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+__all__ = [
+    "MODES",
+    "RUNNERS",
+    "ProxyConfig",
+    "RolloutConfig",
+    "close_manager",
+    "gym_runner",
+    "make_manager",
+    "make_scheduler",
+    "push_runner",
+    "resolve_runner",
+    "runner_factory",
+    "tool_runner",
+]

@@ -1,0 +1,110 @@
+"""Agent runners for proxy mode, by name or import path, bound to a manager's config.
+
+A runner factory is ``factory(client, spec, config, **runner_kwargs) -> AgentRunner``: ``client``
+is the episode's OpenAI-compatible client, ``spec`` its `EpisodeSpec`, ``config`` the
+`ManagerConfig` whose sampling settings the runner should use. `runner_factory` binds one to a
+config and kwargs, giving the ``(client, spec) -> AgentRunner`` callable `ProxyEnvManager` calls
+per episode.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from arl.agents.runner import AgentRunner
+from arl.rollout.base import EpisodeSpec, ManagerConfig
+
+if TYPE_CHECKING:
+    from arl.rollout.factory import ProxyConfig
+
+RunnerFactory = Callable[[Any, EpisodeSpec], AgentRunner]
+
+
+def gym_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, runner_cls: Any = None,
+               **kwargs: Any) -> AgentRunner:
+    """arl's `GymRunner` (or ``runner_cls``) playing ``spec.env_id`` with the manager's sampling
+    settings, prompt style and history window; ``kwargs`` go to the runner (e.g.
+    ``conversation="step"`` for the step manager's self-contained prompts)."""
+    from arl.agents.gym_runner import GymRunner, ToolCallRunner
+
+    runner_cls = runner_cls or GymRunner
+    if runner_cls is not ToolCallRunner:
+        kwargs = {"prompt_style": config.prompt_style, "history_len": config.history_len, **kwargs}
+    return runner_cls(
+        client, spec.env_id, max_tokens=config.max_tokens, temperature=config.temperature,
+        top_p=config.top_p, max_turns=config.max_turns, format_penalty=config.format_penalty,
+        extra_body={"top_k": config.top_k} if config.top_k else None, env_kwargs=config.env_kwargs, **kwargs,
+    )
+
+
+def tool_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, **kwargs: Any) -> AgentRunner:
+    """arl's `ToolCallRunner` (OpenAI function calling) on ``spec.env_id``."""
+    from arl.agents.gym_runner import ToolCallRunner
+
+    return gym_runner(client, spec, config, runner_cls=ToolCallRunner, **kwargs)
+
+
+def push_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, command: list[str],
+                timeout_s: float = 300.0, **kwargs: Any) -> AgentRunner:
+    """`PushModeRunner`: ``command`` runs as the episode's agent in its own OS process. The
+    program learns the env id and sampling settings from ``ARL_ENV_ID``, ``ARL_MAX_TOKENS``,
+    ``ARL_TEMPERATURE``, ``ARL_TOP_P`` (``arl.agents.examples.gym_agent`` reads them)."""
+    from arl.agents.process import PushModeRunner
+
+    env_extra = {
+        "ARL_ENV_ID": spec.env_id, "ARL_MAX_TOKENS": str(config.max_tokens),
+        "ARL_TEMPERATURE": repr(config.temperature), "ARL_TOP_P": repr(config.top_p),
+        **({"ARL_MAX_TURNS": str(config.max_turns)} if config.max_turns is not None else {}),
+        **{str(k): str(val) for k, val in dict(kwargs.pop("env_extra", None) or {}).items()},
+    }
+    return PushModeRunner(client, command, timeout_s=timeout_s, env_extra=env_extra, **kwargs)
+
+
+RUNNERS: dict[str, Callable[..., AgentRunner]] = {"gym": gym_runner, "tool": tool_runner, "push": push_runner}
+
+
+def resolve_runner(name: str) -> Callable[..., AgentRunner]:
+    """A runner factory by short name (`RUNNERS`) or ``"package.module:attribute"``."""
+    if name in RUNNERS:
+        return RUNNERS[name]
+    module_name, sep, attribute = name.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"rollout.proxy.runner={name!r}: use one of {', '.join(RUNNERS)} or 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"rollout.proxy.runner={name!r}: cannot import {module_name!r} ({exc})") from exc
+    target: Any = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"rollout.proxy.runner={name!r}: {module_name!r} has no {attribute!r}") from None
+    if not callable(target):
+        raise ValueError(f"rollout.proxy.runner={name!r} is not callable")
+    return target
+
+
+def runner_factory(proxy: ProxyConfig) -> Callable[[ManagerConfig], RunnerFactory]:
+    """``config -> (client, spec) -> runner``: the proxy manager re-binds it to each ManagerConfig
+    it is derived with (the validation manager's temperature)."""
+    make = resolve_runner(proxy.runner)
+    kwargs = dict(proxy.runner_kwargs)
+    if make is push_runner and not kwargs.get("command"):
+        raise ValueError("rollout.proxy.runner=push needs rollout.proxy.runner_kwargs.command (the agent program)")
+
+    def bind(config: ManagerConfig) -> RunnerFactory:
+        return functools.partial(_call_runner, make, config, kwargs)
+
+    return bind
+
+
+def _call_runner(make: Callable[..., AgentRunner], config: ManagerConfig, kwargs: dict[str, Any],
+                 client: Any, spec: EpisodeSpec) -> AgentRunner:
+    return make(client, spec, config, **kwargs)
+
+
+__all__ = ["RUNNERS", "RunnerFactory", "gym_runner", "push_runner", "resolve_runner", "runner_factory", "tool_runner"]
