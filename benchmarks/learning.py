@@ -53,8 +53,15 @@ ESTIMATORS = {
     "grpo": ["algo.estimator=grpo"],
     "gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_norm"],
     "gigpo-meanstd": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_std_norm"],
+    # GiGPO mean_norm with the rollout played by agent code: arl's GymRunner through the in-process
+    # proxy (step tracker, the step manager's prompts), anchors keyed by the grids it reports.
+    "proxy-gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_norm", "rollout.mode=proxy",
+                         "rollout.proxy.runner=gym", "rollout.proxy.transport=inprocess",
+                         "rollout.proxy.tracker_mode=step", "rollout.proxy.runner_kwargs={conversation: step}"],
 }
-COLORS = {"grpo": "tab:orange", "gigpo-mean": "tab:blue", "gigpo-meanstd": "tab:green"}  # the same in every panel
+COLORS = {"grpo": "tab:orange", "gigpo-mean": "tab:blue", "gigpo-meanstd": "tab:green",
+          "proxy-gigpo-mean": "tab:purple"}  # the same in every panel
+ANCHOR_STATS = ("train/gigpo_anchor_group_size_mean", "train/gigpo_anchor_singleton_frac")
 RUN_OVERRIDES = ["tensorboard=false", "keep_checkpoints=1", "eval.at_start=true"]
 QUICK_OVERRIDES = ["rollout.num_groups=2", "rollout.group_size=2", "eval.num_seeds=4", "eval.every=1", "sft.steps=1",
                    "engine.kv_cache_memory_bytes=134217728"]
@@ -99,13 +106,15 @@ def run_overrides(args: argparse.Namespace, game: str, estimator: str | None, se
 
 
 def curve_of(history: list[dict[str, Any]]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-    """(evaluation points, training steps) of one run's history, with cumulative training env steps."""
+    """(evaluation points, training steps) of one run's history, with cumulative training env steps
+    and, per training step, GiGPO's anchor-group statistics where the run has them."""
     evals, train, env_steps = [], [], 0.0
     for row in history:
         if row["step"] > 0 and "rollout/num_turns" in row:
             env_steps += row["rollout/num_turns"]
             train.append({"step": row["step"], "env_steps": env_steps,
-                          "success": row.get("rollout/success_rate", float("nan"))})
+                          "success": row.get("rollout/success_rate", float("nan")),
+                          **{k.removeprefix("train/gigpo_"): row[k] for k in ANCHOR_STATS if k in row}})
         if "eval/success_rate" in row:
             evals.append({"step": row["step"], "env_steps": env_steps, "success": row["eval/success_rate"],
                           "valid_action_rate": row.get("eval/valid_action_rate", float("nan"))})
@@ -191,8 +200,8 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
 
 def check_same_setup(previous_game: dict[str, Any], setup: dict[str, Any]) -> None:
     """SystemExit naming every differing field unless `setup` is the earlier game's (estimator aside)."""
-    ignore = {"algo.estimator", "algo.gigpo_mode"}  # set per run by ESTIMATORS
-    differ = [d for d in _differences(previous_game["setup"], setup) if d.split(":")[0] not in ignore]
+    ignore = ("algo.estimator", "algo.gigpo_mode", "rollout.mode", "rollout.proxy")  # set per run by ESTIMATORS
+    differ = [d for d in _differences(previous_game["setup"], setup) if not d.split(":")[0].startswith(ignore)]
     if differ:
         raise SystemExit(f"--add-to: {previous_game['game']} was run with another setup ({'; '.join(differ)}); "
                          "use a new --out")
@@ -319,7 +328,36 @@ def game_tables(game_result: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     curve = table(["step", *[f"{r['estimator']}: success (env steps)" for r in rows]],
                   [[s, *[f"{pct(r['curve'][i]['success'], r['curve'][i]['success_std'])} "
                          f"({r['curve'][i]['env_steps']:.0f})" for r in rows]] for i, s in enumerate(steps)])
-    return f"{head}\n\n{summary}\n\n{note}\nValidation success (mean ± std over seeds) at each evaluation:\n\n{curve}"
+    out = f"{head}\n\n{summary}\n\n{note}\nValidation success (mean ± std over seeds) at each evaluation:\n\n{curve}"
+    return out + per_seed_table(g) + anchor_table(g)
+
+
+def per_seed_table(g: dict[str, Any]) -> str:
+    """Start -> final validation success of every run, and whether it ends >= 2x and >= +25 points."""
+    rows = []
+    for r in sorted(g["runs"], key=lambda r: (r["estimator"], r["seed"])):
+        a, b = r["curve"][0]["success"], r["curve"][-1]["success"]
+        rows.append([r["estimator"], r["seed"], f"{a:.1%}", f"{b:.1%}", f"{b / a:.2f}x" if a else "-",
+                     f"{100 * (b - a):+.1f}", "yes" if a and b >= 2 * a - TOL and b - a >= 0.25 - TOL else "no"])
+    return "\n\nPer seed:\n\n" + table(
+        ["estimator", "seed", "start", "final", "ratio", "points", ">= 2x and >= +25"], rows)
+
+
+def anchor_table(g: dict[str, Any]) -> str:
+    """GiGPO's anchor-group statistics per run (mean over training steps; first and last step)."""
+    rows = []
+    for r in sorted(g["runs"], key=lambda r: (r["seed"], r["estimator"])):
+        steps = [t for t in r.get("train", []) if "anchor_group_size_mean" in t]
+        if not steps:
+            continue
+        size = [t["anchor_group_size_mean"] for t in steps]
+        single = [t["anchor_singleton_frac"] for t in steps]
+        rows.append([r["seed"], r["estimator"], f"{statistics.fmean(size):.3f}", f"{size[0]:.3f} / {size[-1]:.3f}",
+                     f"{statistics.fmean(single):.3f}", f"{single[0]:.3f} / {single[-1]:.3f}"])
+    if not rows:
+        return ""
+    return "\n\nGiGPO anchor groups per run (training batches):\n\n" + table(
+        ["seed", "estimator", "mean group size", "step 1 / last", "singleton fraction", "step 1 / last"], rows)
 
 
 def anchors_table(results: list[dict[str, Any]]) -> str:
@@ -380,7 +418,9 @@ def main() -> None:
     parser.add_argument("--games", nargs="+", choices=list(GAMES), default=list(GAMES))
     parser.add_argument("--config-frozenlake", type=Path, default=GAMES["frozenlake"])
     parser.add_argument("--config-sokoban", type=Path, default=GAMES["sokoban"])
-    parser.add_argument("--estimators", nargs="+", choices=list(ESTIMATORS), default=list(ESTIMATORS))
+    parser.add_argument("--estimators", nargs="+", choices=list(ESTIMATORS), default=None,
+                        help="default: grpo gigpo-mean gigpo-meanstd (--quick: grpo gigpo-mean); "
+                             "proxy-gigpo-mean (GymRunner through the proxy) runs only when named")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the config's)")
     parser.add_argument("--runs-dir", type=Path, default=None, help="keep the runs here (default: a temp dir)")
@@ -393,7 +433,9 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run, e.g. optim.lr=3e-4")
     args = parser.parse_args()
     if args.quick:
-        args.games, args.estimators, args.seeds, args.steps = ["frozenlake"], ["grpo", "gigpo-mean"], [0], 2
+        args.games, args.seeds, args.steps = ["frozenlake"], [0], 2
+        args.estimators = args.estimators or ["grpo", "gigpo-mean"]
+    args.estimators = args.estimators or ["grpo", "gigpo-mean", "gigpo-meanstd"]
     configs = {"frozenlake": args.config_frozenlake, "sokoban": args.config_sokoban}
     out = args.out or args.add_to or result_path("learning", args.quick)
     previous = load_previous(args.add_to) if args.add_to else []
