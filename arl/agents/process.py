@@ -8,7 +8,10 @@ Any program that uses the stock `openai` client works: it is started with
 - ``ARL_RESULT_PATH`` = where to write its episode result as JSON (the fields of
   `EpisodeResult`: ``score``, ``success``, ``step_scores``, ``status``, ``exit_reason``, ...),
 
-in its own process group. The runner waits for it; past ``timeout_s`` (or when the runner's
+in its own process group, with a *minimal* environment: the variables above, ``env_extra``, and
+only the harmless basics of the trainer's own environment (`INHERITED_ENV`: PATH, HOME, locale,
+TMPDIR, VIRTUAL_ENV, PYTHONPATH; more by name with ``inherit_env``). The agent may run
+model-written code: it must not see the trainer's secrets (API keys, tokens, credentials). The runner waits for it; past ``timeout_s`` (or when the runner's
 task is cancelled) it kills the whole group. Outcomes, all as data:
 
 - exit 0 with a valid result -> that result;
@@ -36,6 +39,8 @@ import anyio
 from arl.agents.runner import AgentRunner, ChatClient, EpisodeResult
 
 STDERR_TAIL = 4000  # characters of the program's stderr kept in EpisodeResult.error
+# What an agent process inherits from the trainer's environment (nothing else: no secrets).
+INHERITED_ENV = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH")
 
 
 class PushModeRunner(AgentRunner):
@@ -43,7 +48,8 @@ class PushModeRunner(AgentRunner):
 
     ``client`` is an HTTP OpenAI client (``openai.AsyncOpenAI(base_url=proxy.base_url,
     api_key=env_id)``): the runner passes its ``base_url`` and ``api_key`` to the process and
-    never calls it itself. ``env_extra`` adds environment variables; ``cwd`` is the working dir.
+    never calls it itself. ``env_extra`` adds environment variables, ``inherit_env`` names more of
+    the trainer's to pass through; ``cwd`` is the working dir.
     """
 
     def __init__(
@@ -55,6 +61,7 @@ class PushModeRunner(AgentRunner):
         env_extra: Mapping[str, str] | None = None,
         model: str = "arl",
         cwd: str | os.PathLike[str] | None = None,
+        inherit_env: Sequence[str] = (),
     ) -> None:
         super().__init__(client, model)
         if not command:
@@ -65,6 +72,7 @@ class PushModeRunner(AgentRunner):
         self.command = [str(c) for c in command]
         self.timeout_s = float(timeout_s)
         self.env_extra = dict(env_extra or {})
+        self.inherit_env = (*INHERITED_ENV, *inherit_env)
         self.cwd = cwd
         self.base_url = base_url.rstrip("/")
         self.api_key = str(client.api_key)
@@ -74,7 +82,7 @@ class PushModeRunner(AgentRunner):
         workdir = Path(tempfile.mkdtemp(prefix="arl-agent-"))
         result_path, stderr_path = workdir / "result.json", workdir / "stderr.txt"
         env = {
-            **os.environ, **self.env_extra,
+            **{k: os.environ[k] for k in self.inherit_env if k in os.environ}, **self.env_extra,
             "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
             "ARL_SEED": str(seed), "ARL_MODEL": self.model, "ARL_RESULT_PATH": str(result_path),
         }

@@ -1,19 +1,24 @@
 """ProxyServer: the interception layer over real HTTP, for agents in other processes.
 
 An aiohttp app on loopback serving ``POST /v1/chat/completions`` and ``GET /v1/models``. The
-request's ``Authorization: Bearer <env_id>`` picks the episode's handler (the same handler an
+request's ``Authorization: Bearer <token>`` picks the episode's handler (the same handler an
 `InProcessClient` calls), so a stock ``openai.AsyncOpenAI(base_url=server.base_url,
-api_key=env_id)`` plays an episode exactly as the in-process client does.
+api_key=token)`` plays an episode exactly as the in-process client does.
+
+The token is whatever key `register` was given. `ProxyEnvManager` registers an unguessable
+per-episode secret (``secrets.token_urlsafe(32)``), never the episode id: ids follow a pattern,
+and an agent (or any local process) that could guess a sibling's key could write into that
+episode's trajectory. `close_episode` revokes a token (410 from then on).
 
 Every failure is an OpenAI-shaped JSON error, never a crash, and the server keeps serving:
 
 ======  ==================================================================================
-401     missing or malformed ``Authorization: Bearer <env_id>``
-404     unknown env id (never registered, or unregistered), unknown route
+401     missing or malformed ``Authorization: Bearer <token>``
+404     unknown token (never registered, unregistered, or guessed), unknown route
 405     wrong method on a known route
 400     body is not JSON, or not a valid chat-completions request (`parse_request`)
 413     body larger than ``client_max_size``
-410     the env id's episode has ended (`close_episode`)
+410     the token's episode has ended (`close_episode`)
 500     the handler raised something other than an `InterceptError` (its own status otherwise)
 ======  ==================================================================================
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -49,11 +50,13 @@ def tool_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, **kwargs:
 
 def push_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, command: list[str],
                 timeout_s: float = 300.0, **kwargs: Any) -> AgentRunner:
-    """`PushModeRunner`: ``command`` runs as the episode's agent in its own OS process. The
+    """`PushModeRunner`: ``command`` runs as the episode's agent in its own OS process
+    (``{python}`` in it stands for this interpreter, so a config need not know the venv). The
     program learns the env id and sampling settings from ``ARL_ENV_ID``, ``ARL_MAX_TOKENS``,
-    ``ARL_TEMPERATURE``, ``ARL_TOP_P`` (``arl.agents.examples.gym_agent`` reads them)."""
+    ``ARL_TEMPERATURE``, ``ARL_TOP_P``, ``ARL_MAX_TURNS`` (``arl.agents.examples.gym_agent`` reads them)."""
     from arl.agents.process import PushModeRunner
 
+    command = [sys.executable if part == "{python}" else str(part) for part in command]
     env_extra = {
         "ARL_ENV_ID": spec.env_id, "ARL_MAX_TOKENS": str(config.max_tokens),
         "ARL_TEMPERATURE": repr(config.temperature), "ARL_TOP_P": repr(config.top_p),

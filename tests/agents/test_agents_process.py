@@ -123,3 +123,24 @@ def test_needs_an_http_client():
 
     with pytest.raises(ValueError, match="HTTP client"):
         PushModeRunner(InProcessClient(None, "e"), ["true"], timeout_s=1)
+
+
+async def test_agent_process_gets_a_minimal_environment(monkeypatch):
+    """The agent may run model-written code: the trainer's secrets must not reach it."""
+    import types
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak")
+    monkeypatch.setenv("ARL_TEST_PASS_ME", "named")
+    script = (
+        "import json, os\n"
+        "env = os.environ\n"
+        "flags = {'leaked': 'AWS_SECRET_ACCESS_KEY' in env, 'passed': env.get('ARL_TEST_PASS_ME') == 'named',\n"
+        "         'extra': env.get('MY_EXTRA') == '1', 'key': env.get('OPENAI_API_KEY') == 'tok-123'}\n"
+        "json.dump({'metrics': {k: float(v) for k, v in flags.items()}}, open(env['ARL_RESULT_PATH'], 'w'))\n"
+    )
+    client = types.SimpleNamespace(base_url="http://127.0.0.1:9/v1", api_key="tok-123")  # never called
+    runner = PushModeRunner(client, [sys.executable, "-c", script], timeout_s=60, env_extra={"MY_EXTRA": "1"},
+                            inherit_env=["ARL_TEST_PASS_ME"])
+    result = await runner.run_job(0)
+    assert result.status == "Finished", result.error
+    assert result.metrics == {"leaked": 0.0, "passed": 1.0, "extra": 1.0, "key": 1.0}

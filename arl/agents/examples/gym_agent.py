@@ -8,6 +8,10 @@ It uses the stock `openai` client configured from the environment (``OPENAI_BASE
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=<env id> ARL_SEED=3 \\
     ARL_RESULT_PATH=/tmp/r.json python -m arl.agents.examples.gym_agent --env-id arl/FrozenLake-v0
 
+Defaults come from the environment `PushModeRunner` sets when arl's rollout factory starts it
+(``ARL_ENV_ID``, ``ARL_MAX_TOKENS``, ``ARL_TEMPERATURE``, ``ARL_TOP_P``, ``ARL_MAX_TURNS``), so a
+config's sampling settings reach the agent; flags override them. ``--conversation step
+--prompt-style compact`` sends the step manager's prompts (what the tiny model is trained on).
 ``--hang-s`` sleeps before playing (used by the timeout tests).
 """
 
@@ -25,12 +29,16 @@ from arl.agents.process import write_result
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--env-id", default="arl/FrozenLake-v0")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-turns", type=int, default=None)
+    env = os.environ.get
+    p.add_argument("--env-id", default=env("ARL_ENV_ID", "arl/FrozenLake-v0"))
+    p.add_argument("--max-tokens", type=int, default=int(env("ARL_MAX_TOKENS", "64")))
+    p.add_argument("--temperature", type=float, default=float(env("ARL_TEMPERATURE", "1.0")))
+    p.add_argument("--top-p", type=float, default=float(env("ARL_TOP_P", "1.0")))
+    p.add_argument("--max-turns", type=int, default=int(env("ARL_MAX_TURNS")) if env("ARL_MAX_TURNS") else None)
     p.add_argument("--format-penalty", type=float, default=None)
+    p.add_argument("--conversation", choices=["traj", "step"], default="traj")
+    p.add_argument("--prompt-style", choices=["full", "compact"], default="full")
+    p.add_argument("--history-len", type=int, default=2)
     p.add_argument("--hang-s", type=float, default=0.0)
     return p.parse_args(argv)
 
@@ -44,7 +52,8 @@ async def main(argv: list[str] | None = None) -> None:
         runner = GymRunner(
             client, args.env_id, model=os.environ.get("ARL_MODEL", "arl"), max_tokens=args.max_tokens,
             temperature=args.temperature, top_p=args.top_p, max_turns=args.max_turns,
-            format_penalty=args.format_penalty,
+            format_penalty=args.format_penalty, conversation=args.conversation, prompt_style=args.prompt_style,
+            history_len=args.history_len,
         )
         result = await runner.run_job(int(os.environ.get("ARL_SEED", "0")))
     write_result(result)
