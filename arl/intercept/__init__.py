@@ -9,6 +9,7 @@ episode into exact token sequences for training.
 from __future__ import annotations
 
 from arl.intercept.client import Handler, InProcessClient, openai_status_error
+from arl.intercept.handler import ChatHandler, SamplingDefaults
 from arl.intercept.protocol import (
     BadRequest,
     ChatRequest,
@@ -29,6 +30,7 @@ from arl.intercept.tracker import MessageTracker, TemplateError, TrackedSample
 
 __all__ = [
     "BadRequest",
+    "ChatHandler",
     "ChatRequest",
     "ContextLengthExceeded",
     "EngineFailure",
@@ -39,6 +41,7 @@ __all__ = [
     "MessageTracker",
     "PayloadTooLarge",
     "ProxyServer",
+    "SamplingDefaults",
     "TemplateError",
     "TrackedSample",
     "Unauthorized",

@@ -61,6 +61,9 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
             ),
         }
     )
+    keyed = [t.info["state_key"] for t in turns if "state_key" in t.info]
+    if keyed:  # proxy mode: the share of GiGPO state keys named by the runner (else a message hash)
+        out["rollout/state_key_from_runner_rate"] = _mean([float(k == "runner") for k in keyed])
     # Every known reason, zeros included, so logged curves do not start and stop; plus any other.
     exits = Counter(tr.exit_reason for tr in trajs)
     for reason in sorted(EXIT_REASONS | set(exits)):

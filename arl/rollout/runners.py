@@ -91,13 +91,13 @@ def resolve_runner(name: str) -> Callable[..., AgentRunner]:
     return target
 
 
-def runner_factory(proxy: ProxyConfig) -> Callable[[ManagerConfig], RunnerFactory]:
-    """``config -> (client, spec) -> runner``: the proxy manager re-binds it to each ManagerConfig
-    it is derived with (the validation manager's temperature)."""
-    make = resolve_runner(proxy.runner)
-    kwargs = dict(proxy.runner_kwargs)
-    if make is push_runner and not kwargs.get("command"):
-        raise ValueError("rollout.proxy.runner=push needs rollout.proxy.runner_kwargs.command (the agent program)")
+def bind_runner(make: Callable[..., AgentRunner], **kwargs: Any) -> Callable[[ManagerConfig], RunnerFactory]:
+    """``make(client, spec, config, **kwargs)`` as ``config -> (client, spec) -> runner``, what
+    `ProxyEnvManager(runner_for=...)` takes: the manager binds it to its own config, and re-binds it
+    to each config it is derived with (the validation manager's temperature).
+
+        ProxyEnvManager(engine, config, runner_for=bind_runner(my_factory, window=4))
+    """
 
     def bind(config: ManagerConfig) -> RunnerFactory:
         return functools.partial(_call_runner, make, config, kwargs)
@@ -105,9 +105,18 @@ def runner_factory(proxy: ProxyConfig) -> Callable[[ManagerConfig], RunnerFactor
     return bind
 
 
+def runner_factory(proxy: ProxyConfig) -> Callable[[ManagerConfig], RunnerFactory]:
+    """`bind_runner` of the runner a `ProxyConfig` names, with its ``runner_kwargs``."""
+    make = resolve_runner(proxy.runner)
+    kwargs = dict(proxy.runner_kwargs)
+    if make is push_runner and not kwargs.get("command"):
+        raise ValueError("rollout.proxy.runner=push needs rollout.proxy.runner_kwargs.command (the agent program)")
+    return bind_runner(make, **kwargs)
+
+
 def _call_runner(make: Callable[..., AgentRunner], config: ManagerConfig, kwargs: dict[str, Any],
                  client: Any, spec: EpisodeSpec) -> AgentRunner:
     return make(client, spec, config, **kwargs)
 
 
-__all__ = ["RUNNERS", "RunnerFactory", "gym_runner", "push_runner", "resolve_runner", "runner_factory", "tool_runner"]
+__all__ = ["RUNNERS", "RunnerFactory", "bind_runner", "gym_runner", "push_runner", "resolve_runner", "runner_factory", "tool_runner"]

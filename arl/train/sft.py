@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
@@ -27,6 +28,8 @@ from arl.envs.tools import TOOL_NAME
 from arl.rollout import GroupScheduler, collate
 from arl.rollout.factory import close_manager
 
+log = logging.getLogger(__name__)
+
 # A random valid `move` call in the <tool_call> convention arl's proxy parses ({action} is filled in).
 TOOL_CALL_ANSWER = "<tool_call>" + json.dumps({"name": TOOL_NAME, "arguments": {"direction": "{action}"}}) + "</tool_call>"
 
@@ -37,6 +40,9 @@ def teacher_engine(trainer: Any) -> ScriptedEngine:
     kind = c.sft.teacher
     if kind == "auto":
         kind = "tool_calls" if c.rollout.mode == "proxy" and c.rollout.proxy.runner == "tool" else "answers"
+        if getattr(trainer, "manager_injected", False):
+            log.warning("sft.teacher=auto with an injected manager: teaching %s; set sft.teacher=tool_calls "
+                        "for an agent that acts through function calls", kind)
     answer = TOOL_CALL_ANSWER if kind == "tool_calls" else "<answer>{action}</answer>"
     return ScriptedEngine(trainer.tokenizer, seed=c.seed, max_model_len=trainer.engine.max_model_len,
                           answer_format=answer)

@@ -74,6 +74,7 @@ class Trainer:
         self.engine = engine  # injected (tests, notebooks) or built in setup()
         self._owns_engine = engine is None
         self.manager = manager
+        self.manager_injected = manager is not None  # then config.rollout.mode/proxy are not what runs
         self.val_manager = val_manager
         self._owned_managers: list[Any] = []
         self.resume = resume
@@ -361,7 +362,10 @@ class Trainer:
         save_checkpoint(
             self.run_dir, self.step_count, self.model, self.tokenizer, self.optimizer, self.lr_schedule,
             extra_state={"history": self.history, "rng": self.rng.bit_generator.state,
-                         "config": unstructure(self.config)},
+                         "config": unstructure(self.config),
+                         # what actually played the rollout: an injected manager is not in the config
+                         "rollout": {"manager": type(self.manager).__name__, "mode": getattr(self.manager, "mode", None),
+                                     "injected": self.manager_injected}},
             keep=self.config.keep_checkpoints,
         )
 
