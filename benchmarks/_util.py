@@ -1,4 +1,5 @@
-"""Shared bits of the benchmark scripts: machine description, statistics, tables, result files."""
+"""Shared bits of the benchmark scripts: machine description, statistics, tables, result files,
+the env managers by benchmark name."""
 
 from __future__ import annotations
 
@@ -12,6 +13,21 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).parent / "results"
+
+# A benchmark's manager name -> (rollout mode, proxy transport). The proxy managers run arl's
+# GymRunner with the "traj" tracker (one sample per branch): what their results were measured with.
+MANAGER_MODES: dict[str, tuple[str, str]] = {"traj": ("traj", "inprocess"), "step": ("step", "inprocess"),
+                                             "proxy-inprocess": ("proxy", "inprocess"), "proxy-http": ("proxy", "http")}
+
+
+def manager_for(name: str, engine: Any, config: Any) -> Any:
+    """The env manager the benchmarks call ``name`` (`MANAGER_MODES`) on ``engine`` with ``config``
+    (a `ManagerConfig`), from arl's rollout factory; over HTTP it holds a server: `close_manager` it."""
+    from arl.rollout.factory import ProxyConfig, RolloutConfig, make_manager  # on use: _util stays light
+
+    mode, transport = MANAGER_MODES[name]
+    proxy = ProxyConfig(transport=transport, tracker_mode="traj")
+    return make_manager(engine, RolloutConfig(mode=mode, manager=config, proxy=proxy))
 
 
 def result_path(name: str, quick: bool) -> Path:

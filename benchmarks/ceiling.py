@@ -51,22 +51,25 @@ LR, BATCH = 1e-3, 128
 
 
 async def collect(game: str, batches: int, overrides: list[str]) -> tuple[list[tuple], dict[str, list[int]], Any, Any]:
-    """(rows, reply ids per move, trainer-initialised model, trainer) from random valid play."""
+    """(rows, reply ids per move, trainer-initialised model, (warm-started model, its metrics, pad id))
+    from random valid play: RL training's batches of the game's config (its manager and groups)."""
     from arl.config import load_config
     from arl.engine import make_engine
+    from arl.rollout.factory import close_manager, make_manager, make_scheduler
     from arl.train import Trainer
     from arl.train.sft import format_warm_start
 
     config_path, optimal = GAMES[game]
     label = functools.lru_cache(maxsize=None)(optimal)
     config = load_config(config_path, ["tensorboard=false", "out_dir=/tmp/arl-bench-ceiling", "name=ceiling",
-                                       *overrides])
+                                       "overwrite=true", *overrides])  # a scratch run dir: no checkpoints
     engine = make_engine(backend="scripted", model=config.model, max_model_len=config.engine.max_model_len)
+    manager, scheduler = make_manager(engine, config.rollout), make_scheduler(config.rollout, config.seed)
     rows, replies = [], {}
-    async with Trainer(config, engine=engine) as trainer:
+    async with Trainer(config, manager=manager) as trainer:
         await trainer.setup()
         for b in range(batches):
-            batch = await trainer.groups.run(trainer.manager, trainer.groups.specs(b))
+            batch = await scheduler.run(manager, scheduler.specs(b))
             for episode in batch.episodes:
                 for turn in episode.trajectory.turns:
                     if turn.action_valid and turn.action not in replies:
@@ -76,7 +79,8 @@ async def collect(game: str, batches: int, overrides: list[str]) -> tuple[list[t
                         rows.append((b, turn.observation, list(turn.prompt_ids), frozenset(moves)))
         initial = copy.deepcopy(trainer.model)
         warm = await format_warm_start(trainer)
-        return rows, replies, initial, (trainer.model, warm, trainer.tokenizer.pad_token_id or 0)
+    await close_manager(manager)  # given to the trainer, not owned by it
+    return rows, replies, initial, (trainer.model, warm, trainer.tokenizer.pad_token_id or 0)
 
 
 def sequences_logprob(model: Any, seqs: list[list[int]], prompt_lens: list[int], pad: int) -> Any:

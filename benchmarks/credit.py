@@ -149,26 +149,29 @@ def scores(samples: list[Any], label: np.ndarray, actions: np.ndarray, spec: dic
 async def measure(game: str, groups: int, group_size: int, batches: int, grid: str) -> dict[str, Any]:
     from arl.config import load_config
     from arl.engine import make_engine
-    from arl.train import Trainer
+    from arl.rollout.factory import close_manager, make_manager, make_scheduler
 
     config_path, optimal = GAMES[game]
-    config = load_config(config_path, ["tensorboard=false", "out_dir=/tmp/arl-bench-credit", "name=credit",
-                                  f"rollout.num_groups={groups}", f"rollout.group_size={group_size}"])
+    config = load_config(config_path, [f"rollout.num_groups={groups}", f"rollout.group_size={group_size}"])
     engine = make_engine(backend="scripted", model=config.model, max_model_len=config.engine.max_model_len)
     per: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
     turns = []
-    async with Trainer(config, engine=engine) as trainer:
-        await trainer.setup()
-        for b in range(batches):
-            batch = await trainer.groups.run(trainer.manager, trainer.groups.specs(b))
-            samples = [s for s in batch.samples if s.num_response_tokens > 0]
-            by_id = {e.trajectory.traj_id: e.trajectory for e in batch.episodes}
-            steps = [by_id[s.traj_id].turns[s.step] for s in samples]
-            label = np.array([float(t.action in optimal(t.observation)) for t in steps])
-            actions = np.array([str(t.action) for t in steps])
-            turns.append(len(samples))
-            for name, spec in estimators(grid).items():
-                per[name].append(scores(samples, label, actions, spec))
+    # RL training's batches of this config: its manager, groups and level seeds
+    manager, scheduler = make_manager(engine, config.rollout), make_scheduler(config.rollout, config.seed)
+    async with engine:
+        try:
+            for b in range(batches):
+                batch = await scheduler.run(manager, scheduler.specs(b))
+                samples = [s for s in batch.samples if s.num_response_tokens > 0]
+                by_id = {e.trajectory.traj_id: e.trajectory for e in batch.episodes}
+                steps = [by_id[s.traj_id].turns[s.step] for s in samples]
+                label = np.array([float(t.action in optimal(t.observation)) for t in steps])
+                actions = np.array([str(t.action) for t in steps])
+                turns.append(len(samples))
+                for name, spec in estimators(grid).items():
+                    per[name].append(scores(samples, label, actions, spec))
+        finally:
+            await close_manager(manager)
     return {"game": game, "config": str(config_path), "groups": groups, "group_size": group_size,
             "samples_per_batch": statistics.median(turns),
             "estimators": {name: {k: [r[k] for r in rows] for k in rows[0]} for name, rows in per.items()}}

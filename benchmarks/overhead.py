@@ -24,12 +24,13 @@ instrumented total is a little above the clean figure.
 Physical floor: per turn, a bare `TextEnv.step` on an answer string + tokenizing the new user
 message (`tokenizer.encode`), no engine: what any manager must at least spend.
 
-Managers (MANAGERS: a factory `(engine, config) -> EnvManager`; an async context manager is
-entered around the runs and what `__aenter__` returns is used):
+Managers (MANAGERS: a factory `(engine, config) -> EnvManager`, arl's rollout factory through
+`_util.manager_for`, the proxy rows with the "traj" tracker; an async context manager is entered
+around the runs and what `__aenter__` returns is used):
 
 - traj / step: TrajEnvManager, StepEnvManager (tokens built by the manager);
 - proxy-inprocess: GymRunner through `InProcessClient` (a plain function call);
-- proxy-openai-inproc: GymRunner through the stock `openai.AsyncOpenAI` whose httpx transport
+- proxy-openai-inproc: proxy-http's manager, but the httpx transport of its stock `openai.AsyncOpenAI`
   calls the `ProxyServer`'s request handler in-process (JSON, routing, validation, the openai
   client's own machinery, but no sockets and no aiohttp HTTP parsing);
 - proxy-http: GymRunner through `openai.AsyncOpenAI` and the aiohttp proxy on loopback.
@@ -52,10 +53,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import cell, result_path, summary, table, write_result  # noqa: E402
+from _util import MANAGER_MODES, cell, manager_for, result_path, summary, table, write_result  # noqa: E402
 
 from arl.engine import SamplingParams, make_engine  # noqa: E402
-from arl.rollout import GroupScheduler, ManagerConfig, StepEnvManager, TrajEnvManager  # noqa: E402
+from arl.intercept.server import ProxyServer  # noqa: E402
+from arl.rollout import GroupScheduler, ManagerConfig  # noqa: E402
 from arl.rollout.proxy import ProxyEnvManager  # noqa: E402
 
 ENV_ID = "arl/Sokoban-v0"
@@ -110,33 +112,26 @@ def inprocess_transport(server: Any) -> Any:
     return InProcessTransport()
 
 
-class OpenAIInProcessManager(ProxyEnvManager):
-    """ProxyEnvManager whose agents use the stock openai client over `inprocess_transport`."""
+class InProcessServer(ProxyServer):
+    """A `ProxyServer` that never listens: its handler is called through `inprocess_transport`."""
 
-    def __init__(self, engine: Any, config: ManagerConfig) -> None:
-        from arl.intercept.server import ProxyServer
-
-        # transport="http": the episodes register with / close on the server, which never listens.
-        super().__init__(engine, config, transport="http", server=ProxyServer())
-
-    async def _client_for(self, env_id: str, handler: Any) -> Any:
-        import openai
-
-        self.server.register(env_id, handler)
-        if self._http_client is None:
-            self._http_client = _httpx().AsyncClient(transport=inprocess_transport(self.server))
-        return openai.AsyncOpenAI(base_url="http://arl.inprocess/v1", api_key=env_id, max_retries=0,
-                                  http_client=self._http_client)
+    running = True  # so the manager never starts it
+    base_url = "http://arl.inprocess/v1"
 
 
-# name -> factory(engine, config) -> EnvManager (or an async context manager yielding one)
+def openai_inprocess_manager(engine: Any, config: ManagerConfig) -> ProxyEnvManager:
+    """proxy-http's manager whose openai clients reach the server's handler in-process."""
+    manager = manager_for("proxy-http", engine, config)
+    manager.server = InProcessServer()  # given, not owned: `aclose` leaves it alone
+    manager._http_client = _httpx().AsyncClient(transport=inprocess_transport(manager.server))
+    return manager
+
+
+# name -> factory(engine, config) -> EnvManager (or an async context manager yielding one); the
+# proxy rows run GymRunner agents: the same episodes as "traj", through InProcessClient / openai / HTTP
 MANAGERS: dict[str, Callable[[Any, ManagerConfig], Any]] = {
-    "traj": TrajEnvManager,
-    "step": StepEnvManager,
-    # GymRunner agents: the same episodes as "traj", through InProcessClient / openai / the HTTP proxy
-    "proxy-inprocess": lambda engine, config: ProxyEnvManager(engine, config, transport="inprocess"),
-    "proxy-openai-inproc": OpenAIInProcessManager,
-    "proxy-http": lambda engine, config: ProxyEnvManager(engine, config, transport="http"),
+    name: functools.partial(manager_for, name) if name in MANAGER_MODES else openai_inprocess_manager
+    for name in ("traj", "step", "proxy-inprocess", "proxy-openai-inproc", "proxy-http")
 }
 
 
@@ -215,11 +210,10 @@ def instrumented(timers: Timers, engine: Any, manager: Any):
     """Patch timers into the classes and instances a rollout goes through; undo on exit."""
     import openai.resources.chat.completions as oa
 
-    import arl.rollout.proxy as proxy_mod
     from arl.agents import gym_runner
     from arl.envs.text import TextEnv
     from arl.intercept import client as client_mod
-    from arl.intercept.server import ProxyServer
+    from arl.intercept import handler as handler_mod
     from arl.intercept.tracker import MessageTracker
     from arl.rollout.base import EnvManager
 
@@ -228,10 +222,10 @@ def instrumented(timers: Timers, engine: Any, manager: Any):
         (MessageTracker, "prepare", "tracker", False), (MessageTracker, "commit", "tracker", False),
         (MessageTracker, "traj_samples", "tracker", False), (MessageTracker, "step_samples", "tracker", False),
         (oa.AsyncCompletions, "create", "http/json", False), (client_mod._Completions, "create", "http/json", False),
-        (ProxyServer, "_chat", "http/json", False), (proxy_mod, "make_completion", "http/json", False),
+        (ProxyServer, "_chat", "http/json", False), (handler_mod, "make_completion", "http/json", False),
         (gym_runner._GameRunner, "run_job", "agent code", False),
         (EnvManager, "run_episode", "manager code", False), (ProxyEnvManager, "run_episode", "manager code", False),
-        (ProxyEnvManager, "_handle", "manager code", False),
+        (handler_mod.ChatHandler, "__call__", "manager code", False),
     ]
     tok = engine.tokenizer
     instance_patches = [(engine, "generate", "engine", True)] + [

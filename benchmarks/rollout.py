@@ -5,9 +5,11 @@ env manager vs the raw engine generating the same number of tokens in one batch.
     .venv/bin/python benchmarks/rollout.py --backends vllm vllm-async hf
     .venv/bin/python benchmarks/rollout.py --quick                  # CI smoke size (vllm, ~40 s)
 
-Per backend, one engine on the tiny model serves every run. Each repeat plays, for every manager
-in turn, one rollout batch (`--groups` x `--group-size` Sokoban episodes, all concurrent, sampling
-at temperature 1 with `--max-tokens` per call) and counts the tokens the engine generated (every
+Per backend, one engine on the tiny model serves every run. The managers (`--managers`: traj,
+step, proxy-inprocess, proxy-http) come from arl's rollout factory (`_util.manager_for`; the proxy
+ones run GymRunner with the "traj" tracker). Each repeat plays, for every manager in turn, one
+rollout batch (`--groups` x `--group-size` Sokoban episodes, all concurrent, sampling at
+temperature 1 with `--max-tokens` per call) and counts the tokens the engine generated (every
 response token of every turn); then the raw engine generates the same number of tokens in one
 batch: as many concurrent requests as the batch had episodes, each `ignore_eos` for an equal share
 of the tokens, on a first-turn prompt of the same game. The figure is the ratio
@@ -41,22 +43,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import cell, quiet_logs, result_path, summary, table, write_result  # noqa: E402
+from _util import MANAGER_MODES, cell, manager_for, quiet_logs, result_path, summary, table, write_result  # noqa: E402
 
 quiet_logs()
 
 from arl.engine import SamplingParams, make_engine  # noqa: E402
-from arl.rollout import GroupScheduler, ManagerConfig, StepEnvManager, TrajEnvManager  # noqa: E402
-from arl.rollout.proxy import ProxyEnvManager  # noqa: E402
+from arl.rollout import GroupScheduler, ManagerConfig  # noqa: E402
+from arl.rollout.factory import close_manager  # noqa: E402
 
 ENV_ID = "arl/Sokoban-v0"
-
-MANAGERS: dict[str, Any] = {
-    "traj": TrajEnvManager,
-    "step": StepEnvManager,
-    "proxy-inprocess": lambda engine, config: ProxyEnvManager(engine, config, transport="inprocess"),
-    "proxy-http": lambda engine, config: ProxyEnvManager(engine, config, transport="http"),
-}
 
 
 async def _replay(engine: Any, batch: Any, seed: int) -> tuple[float, int]:
@@ -104,7 +99,7 @@ async def bench_backend(backend: str, args: argparse.Namespace) -> dict:
         obs, _ = env.reset(seed=0)
         limit = min(x for x in (args.max_turns, env.max_steps) if x is not None)
         prompt = chat_ids(engine.tokenizer, traj_messages_start(obs, limit, args.max_tokens, env.instructions))
-        managers = {name: MANAGERS[name](engine, config) for name in args.managers}
+        managers = {name: manager_for(name, engine, config) for name in args.managers}
         sched = GroupScheduler(ENV_ID, num_groups=args.groups, group_size=args.group_size,
                                max_concurrency=n_episodes)
         # warm-up: every manager once on a small batch, and the raw path
@@ -136,8 +131,7 @@ async def bench_backend(backend: str, args: argparse.Namespace) -> dict:
                       f"vs replay {rec['replay_ratio'][-1]:.2f}",
                       flush=True)
         for manager in managers.values():
-            if hasattr(manager, "aclose"):
-                await manager.aclose()
+            await close_manager(manager)
     rows = []
     for name, rec in runs.items():
         rows.append({"backend": backend, "manager": name, "tok_s": summary(rec["tok_s"]),
@@ -151,7 +145,7 @@ async def bench_backend(backend: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", nargs="+", default=["vllm"], choices=["vllm", "vllm-async", "hf"])
-    parser.add_argument("--managers", nargs="+", default=list(MANAGERS), choices=list(MANAGERS))
+    parser.add_argument("--managers", nargs="+", default=list(MANAGER_MODES), choices=list(MANAGER_MODES))
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
