@@ -6,31 +6,13 @@ import json
 
 import pytest
 import torch
+from trainer_support import params_of, scripted, small_config
 
 from arl.config import ConfigError, load_config
-from arl.engine import SamplingParams, make_engine
+from arl.engine import SamplingParams
 from arl.train import Trainer
 
 pytestmark = pytest.mark.anyio
-
-
-def small_config(tmp_path, *overrides: str):
-    base = [
-        f"out_dir={tmp_path}", "name=t", "steps=2", "tensorboard=false",
-        "rollout.env_id=arl/FrozenLake-v0", "rollout.mode=step", "rollout.num_groups=2", "rollout.group_size=4",
-        "rollout.manager.max_tokens=8", "rollout.manager.history_len=0",
-        "eval.num_seeds=4", "eval.every=0", "eval.at_start=false", "optim.lr=0.01", "optim.micro_batch_size=8",
-        "engine.max_model_len=1024",
-    ]
-    return load_config(None, base + list(overrides))
-
-
-def scripted(config):
-    return make_engine(backend="scripted", model=config.model, max_model_len=1024, scripted={"invalid_rate": 0.3})
-
-
-def params_of(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 async def test_every_parameter_moves_and_metrics_are_namespaced(tmp_path):
