@@ -4,11 +4,16 @@
     .venv/bin/python benchmarks/learning.py --quick         # smoke size: FrozenLake, grpo + gigpo-mean, 1 seed (~1 min)
     .venv/bin/python benchmarks/learning.py --games sokoban --seeds 0 1 2 3 4 --steps 60 optim.lr=3e-4
     .venv/bin/python benchmarks/learning.py --config-frozenlake configs/other.yaml   # swap a game's config
+    .venv/bin/python benchmarks/learning.py --games frozenlake --estimators gigpo-mean proxy-gigpo-mean \
+        --out benchmarks/results/learning-proxy.json    # the step manager beside a black-box agent through the proxy
 
 Every run is the game's config (configs/tiny_frozenlake_gigpo.yaml, configs/tiny_sokoban_gigpo.yaml)
 with the estimator (`grpo`: algo.estimator=grpo; `gigpo-mean` / `gigpo-meanstd`: algo.estimator=gigpo
-with algo.gigpo_mode=mean_norm / mean_std_norm), the seed, and the trailing dotted overrides, which
-apply to every run. Each run keeps the config's format warm-start (so every curve starts at the
+with algo.gigpo_mode=mean_norm / mean_std_norm; `proxy-gigpo-mean`: GiGPO mean_norm with
+rollout.mode=proxy, arl's GymRunner playing through the in-process proxy with the step tracker and
+the step manager's prompts), the seed, and the trailing dotted overrides, which apply to every run.
+Per run it also records GiGPO's anchor-group statistics per training step, printed per run so two
+rollouts of the same setup can be compared, and a per-seed start -> final table. Each run keeps the config's format warm-start (so every curve starts at the
 warm-start level) and evaluates at the start and every `eval.every` steps on the config's fixed
 validation panel (the same `eval.num_seeds` levels for every run). All runs of a game share one
 engine, started once (vLLM start-up is ~20-40 s on CPU); each run pushes its own weights into it.
