@@ -14,8 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
+from pathlib import Path
+
+LOG_FILE = "arl.log"  # in the run directory: every library's log records of the run
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -67,6 +71,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from arl.config import load_config
 
     config = load_config(args.config, [*args.overrides, *(["overwrite=true"] if args.overwrite else [])])
+    setup_logging(args.verbose, config.run_dir / LOG_FILE)
     history = asyncio.run(_train(config, resume=args.resume))
     evals = [row for row in history if "eval/success_rate" in row]
     if evals:
@@ -74,7 +79,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"validation success ({config.eval.num_seeds} fixed seeds, T={config.eval.temperature}): "
               f"{first['eval/success_rate']:.1%} at step {first['step']} -> "
               f"{last['eval/success_rate']:.1%} at step {last['step']}")
-    print(f"run directory: {config.run_dir} (metrics.jsonl, tb/, learning_curve.png, checkpoints)")
+    print(f"run directory: {config.run_dir} (metrics.jsonl, tb/, learning_curve.png, checkpoints, {LOG_FILE})")
     return 0
 
 
@@ -133,6 +138,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     config = load_config(DEMO_CONFIG, args.overrides)
     config.name = free_run_name(config)  # never resume or overwrite an earlier demo run: a new directory
+    setup_logging(args.verbose, config.run_dir / LOG_FILE)
     start = time.perf_counter()
     history = asyncio.run(_train(config, resume=False))
     pair = before_after(history)
@@ -234,12 +240,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# -- what the terminal shows -------------------------------------------------------------------
+# The CLI shows progress, results and arl's own warnings; library chatter (vLLM's start-up notes,
+# its per-weight-push "RotaryEmbedding: Failed to load weights" -- a non-persistent rotary cache
+# buffer that no checkpoint carries, restored as it was; the log-prob equality test proves the
+# pushed policy is the trained one -- Python warnings, progress bars of model loading) goes to the
+# run's log file. Errors from anyone still reach the terminal.
+
+_QUIET_ENV = {
+    "VLLM_CONFIGURE_LOGGING": "0",  # vLLM's records propagate to our handlers instead of its own stream
+    "TORCH_CPP_LOG_LEVEL": "ERROR",  # torch's C++ "[W ...] Warning: NUMA binding ..." lines
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights" / "Writing model shards" bars
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
+
+
+class _ArlOrErrors(logging.Filter):
+    """Console filter: arl's own records, and anyone's errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name == "arl" or record.name.startswith("arl.") or record.levelno >= logging.ERROR
+
+
+def setup_logging(verbose: int = 0, log_file: str | os.PathLike[str] | None = None) -> None:
+    """Console: arl's warnings and everyone's errors (-v: everything at INFO, -vv: DEBUG); the log
+    file, when given: every record at INFO (DEBUG with -vv), Python warnings included. Idempotent."""
+    for key, value in _QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "_arl_cli", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel([logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)])
+    if verbose == 0:
+        console.addFilter(_ArlOrErrors())
+    handlers: list[logging.Handler] = [console]
+    if log_file is not None:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        handler._arl_cli = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    logging.captureWarnings(True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.verbose == 0:  # vLLM warns on every weight push that the rotary cache has no checkpoint weights
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+    setup_logging(args.verbose)
     from arl.config import ConfigError, RunExistsError
     from arl.models import UnknownModelError
 
