@@ -79,6 +79,14 @@ def test_trainer_step_quick(tmp_path):
 
 
 @pytest.mark.vllm
+def test_overlap_quick(tmp_path):
+    result = _run("overlap.py", tmp_path)
+    modes = {run["mode"]: run for run in result["runs"]}
+    assert set(modes) == {"sync", "overlap"} and len(result["ratios"]) == 1
+    assert modes["sync"]["staleness_mean"] == 0 and modes["overlap"]["staleness_mean"] == 1
+
+
+@pytest.mark.vllm
 def test_learning_quick(tmp_path):
     result = _run("learning.py", tmp_path, timeout=180)  # ~50 s on 2 cores; the smoke size must stay < 90 s
     (game,) = result["games"]

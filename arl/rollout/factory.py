@@ -54,6 +54,9 @@ class RolloutConfig:
     group_size: int = attrs.field(default=8, validator=v.ge(1))
     max_concurrency: int = attrs.field(default=64, validator=v.ge(1))
     mask_abnormal: bool = True  # drop abnormally ended episodes from the loss
+    # 0: synchronous (rollout, then update: exact). 1: overlapped, one step off-policy: the next
+    # step's rollout runs during this step's update (see Trainer.step).
+    max_staleness: int = attrs.field(default=0, validator=v.in_((0, 1)))
     manager: ManagerConfig = attrs.Factory(ManagerConfig)
     proxy: ProxyConfig = attrs.Factory(ProxyConfig)
 

@@ -18,6 +18,7 @@ the blocking torch work of an update runs in a worker thread so the loop stays r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import math
@@ -78,6 +79,7 @@ class Trainer:
         self.val_manager = val_manager
         self._owned_managers: list[Any] = []
         self.resume = resume
+        self._prefetch: asyncio.Future | None = None  # overlapped mode: the next step's rollout in flight
         self.step_count = 0
         self.history: list[dict[str, float]] = []
         self._ready = False
@@ -162,13 +164,27 @@ class Trainer:
 
     # -- one training step -------------------------------------------------------------------------
     async def step(self) -> dict[str, float]:
-        """Collect a batch, compute advantages, update the policy, push weights into the engine."""
+        """Collect a batch, compute advantages, update the policy, push weights into the engine.
+
+        Overlapped (``rollout.max_staleness: 1``): the rollout of the next step starts before this
+        step's update and runs on the engine meanwhile (the update is a worker thread, the engine
+        its driver thread: each owns a core). Its early turns are sampled by the policy one
+        version behind, its later ones by the new policy once the push lands (between two engine
+        steps); every sample carries the version that generated it, the metrics its staleness,
+        and the truncated importance weight between the trainer's and the engine's log-probs
+        corrects for it. Synchronous (0, the default) is exact, resume included.
+        """
         await self.setup()
+        c = self.config
         t0 = time.perf_counter()
-        batch = await self.groups.run(self.manager, self.groups.specs(self.step_count))
+        pending, self._prefetch = self._prefetch, None
+        batch = await (pending if pending is not None else self._rollout(self.step_count))
         t_rollout = time.perf_counter()
+        if c.rollout.max_staleness > 0 and self.step_count + 1 < c.steps:
+            self._prefetch = asyncio.ensure_future(self._rollout(self.step_count + 1))
         samples = [s for s in batch.samples if s.num_response_tokens > 0]
         advantages, adv_stats = self.advantages(samples)
+        version = getattr(self.engine, "policy_version", None)
         t_adv = time.perf_counter()
         train_metrics = await asyncio.to_thread(self.update, samples, advantages) if samples else {}
         t_update = time.perf_counter()
@@ -179,8 +195,11 @@ class Trainer:
         metrics = dict(batch.metrics)
         metrics.update(adv_stats)
         metrics.update(train_metrics)
+        if version is not None and samples:  # how many updates behind the policy that sampled each row was
+            lag = [version - s.policy_version for s in samples]
+            metrics.update({"train/staleness_mean": float(np.mean(lag)), "train/staleness_max": float(max(lag))})
         metrics.update({
-            "timing/rollout_s": t_rollout - t0,
+            "timing/rollout_s": t_rollout - t0,  # overlapped: the wait for a batch collected meanwhile
             "timing/advantages_s": t_adv - t_rollout,
             "timing/update_s": t_update - t_adv,
             "timing/weight_push_s": t_push - t_update,
@@ -191,10 +210,19 @@ class Trainer:
             metrics.update(await self.evaluate())
         metrics["timing/step_s"] = time.perf_counter() - t0
         self._record(metrics)
-        c = self.config
         if (c.save_every and self.step_count % c.save_every == 0) or self.step_count == c.steps:
             self.save()
         return metrics
+
+    async def _rollout(self, step: int) -> Any:
+        return await self.groups.run(self.manager, self.groups.specs(step))
+
+    async def _cancel_prefetch(self) -> None:
+        task, self._prefetch = self._prefetch, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def advantages(self, samples: list[Sample]) -> tuple[np.ndarray, dict[str, float]]:
         """One scalar per sample from the configured estimator (REFERENCE.md §3)."""
@@ -370,6 +398,7 @@ class Trainer:
         )
 
     async def close(self) -> None:
+        await self._cancel_prefetch()
         if getattr(self, "logger", None) is not None:
             self.logger.close()
         for manager in self._owned_managers:

@@ -181,3 +181,32 @@ async def test_ppo_mini_batches_and_epochs_use_the_old_policy(tmp_path):
         metrics = await trainer.step()
     assert metrics["train/ratio_max"] > 1.0
     assert metrics["train/skipped_updates"] == 0
+
+
+async def test_overlapped_steps_train_one_version_behind(tmp_path):
+    """rollout.max_staleness=1: the next step's rollout runs during this step's update, on the
+    policy one version behind; the synchronous default never lags."""
+    sync = small_config(tmp_path / "sync", "steps=3")
+    async with Trainer(sync, engine=scripted(sync)) as trainer:
+        history = await trainer.train()
+    assert [row["train/staleness_max"] for row in history if "train/staleness_max" in row] == [0, 0, 0]
+
+    overlap = small_config(tmp_path / "overlap", "steps=3", "rollout.max_staleness=1")
+    async with Trainer(overlap, engine=scripted(overlap)) as trainer:
+        await trainer.setup()
+        before = params_of(trainer.model)
+        history = await trainer.train()
+        assert trainer._prefetch is None  # nothing left running after the last step
+        moved = any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    lags = [row["train/staleness_max"] for row in history if "train/staleness_max" in row]
+    assert lags == [0, 1, 1] and moved
+    assert all(row["train/skipped_updates"] == 0 for row in history if "train/skipped_updates" in row)
+
+
+async def test_closing_mid_run_cancels_the_prefetched_rollout(tmp_path):
+    config = small_config(tmp_path, "steps=5", "rollout.max_staleness=1")
+    async with Trainer(config, engine=scripted(config)) as trainer:
+        await trainer.step()
+        assert trainer._prefetch is not None
+        task = trainer._prefetch
+    assert task.done() and trainer._prefetch is None
