@@ -118,6 +118,12 @@ class BaseEngine(abc.ABC):
         await self._update_weights(named_tensors)
         self.policy_version += 1
 
+    def cache_stats(self) -> dict[str, int] | None:
+        """Cumulative prefix-cache counters since start (``prefix_cache_queries``: prompt tokens
+        looked up, ``prefix_cache_hits``: of those, found cached), or None where the backend has
+        no prefix cache. Differences between two reads give a rollout's hit rate."""
+        return None
+
     async def sleep(self) -> None:
         """Free what memory the backend can between rollouts (no-op where unsupported)."""
         return None

@@ -144,6 +144,36 @@ def _shutdown_core(engine: Any, last: bool) -> None:
         core.cleanup_dist_env_and_memory = teardown
 
 
+class _CacheCounter:
+    """Adds up vLLM's per-step prefix-cache statistics (tokens queried, tokens hit), recorded on
+    the driver thread through vLLM's stat-logger hook; read from any thread (plain ints)."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.hits = 0
+
+    def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        counter = self
+
+        class _Logger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                       engine_idx: int = 0) -> None:
+                stats = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if stats is not None:
+                    counter.queries += int(stats.queries)
+                    counter.hits += int(stats.hits)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _Logger(vllm_config, engine_index)
+
+
 @attrs.define
 class _Pending:
     loop: asyncio.AbstractEventLoop
@@ -194,7 +224,8 @@ class VLLMEngine(BaseEngine):
             kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
             gpu_memory_utilization=gpu_memory_utilization, extra=extra,
         )
-        self._engine = LLMEngine.from_engine_args(EngineArgs(**kw))
+        self._cache = _CacheCounter()
+        self._engine = LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[self._cache.factory])
         cfg = self._engine.model_config
         super().__init__(self._engine.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
         # Every call into LLMEngine holds this lock. The event loop never takes it: the driver's
@@ -327,6 +358,9 @@ class VLLMEngine(BaseEngine):
                 kwargs={"weights_iterator": iter(list(named_tensors)), "is_checkpoint_format": True},
             )
             self._engine.reset_prefix_cache()
+
+    def cache_stats(self) -> dict[str, int]:
+        return {"prefix_cache_queries": self._cache.queries, "prefix_cache_hits": self._cache.hits}
 
     def reset_prefix_cache(self) -> bool:
         """Drop vLLM's prefix cache (waits for the current step: call it off the event loop)."""

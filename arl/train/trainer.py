@@ -215,7 +215,15 @@ class Trainer:
         return metrics
 
     async def _rollout(self, step: int) -> Any:
-        return await self.groups.run(self.manager, self.groups.specs(step))
+        before = self.engine.cache_stats() if hasattr(self.engine, "cache_stats") else None
+        batch = await self.groups.run(self.manager, self.groups.specs(step))
+        after = self.engine.cache_stats() if before is not None else None
+        if after is not None:  # the engine's prefix cache over this rollout (evaluations overlapping it count too)
+            queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+            hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+            batch.metrics["rollout/prefix_cache_query_tokens"] = float(queries)
+            batch.metrics["rollout/prefix_cache_hit_rate"] = hits / queries if queries else 0.0
+        return batch
 
     async def _cancel_prefetch(self) -> None:
         task, self._prefetch = self._prefetch, None

@@ -99,7 +99,7 @@ class FakeLLMEngine:
         self.step_error: BaseException | None = None
 
     @classmethod
-    def from_engine_args(cls, args):
+    def from_engine_args(cls, args, stat_loggers=None):
         return cls()
 
     def get_tokenizer(self):
@@ -443,3 +443,18 @@ def prompt_ids(tiny_tokenizer) -> list[int]:
     msgs = [{"role": "user", "content": text}]
     out = tiny_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+async def test_prefix_cache_counters_see_a_repeated_prompt(vllm_engine):
+    """cache_stats(): vLLM's per-step prefix-cache statistics, summed (tokens queried / hit)."""
+    await vllm_engine.update_weights([])  # a push resets the prefix cache: start from a cold cache
+    prompt = [(7 * i) % 500 + 3 for i in range(400)]  # several full KV blocks (128 tokens each on CPU)
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    before = vllm_engine.cache_stats()
+    await vllm_engine.generate(prompt, params)
+    middle = vllm_engine.cache_stats()
+    await vllm_engine.generate(prompt, params)
+    after = vllm_engine.cache_stats()
+    assert middle["prefix_cache_queries"] - before["prefix_cache_queries"] >= len(prompt) - 1
+    assert middle["prefix_cache_hits"] == before["prefix_cache_hits"]  # cold: nothing to find
+    assert after["prefix_cache_hits"] - middle["prefix_cache_hits"] >= 256  # warm: the full blocks
