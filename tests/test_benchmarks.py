@@ -83,7 +83,8 @@ def test_overlap_quick(tmp_path):
     result = _run("overlap.py", tmp_path)
     modes = {run["mode"]: run for run in result["runs"]}
     assert set(modes) == {"sync", "overlap"} and len(result["ratios"]) == 1
-    assert modes["sync"]["staleness_mean"] == 0 and modes["overlap"]["staleness_mean"] == 1
+    # Overlapped rows lag by one version, except turns sampled after the push landed mid-rollout.
+    assert modes["sync"]["staleness_mean"] == 0 and 0.5 < modes["overlap"]["staleness_mean"] <= 1
 
 
 @pytest.mark.vllm
