@@ -9,7 +9,9 @@ can be passed instead (``Trainer(config, manager=ProxyEnvManager(engine, ..., my
 trains with the same evaluation, checkpoints and metrics.
 
 A run directory is never cleared implicitly: a fresh run into one that holds a run refuses
-(`RunExistsError`) unless ``resume=True`` or ``config.overwrite`` says which.
+(`RunExistsError`) unless ``resume=True`` or ``config.overwrite`` says which (`run_dir.py`).
+The policy update itself (micro-batches, PPO-clip, KL, IS correction) is `update.py`; this
+module is the loop around it: set-up, rollout, advantages, weight push, evaluation, records.
 
 Everything is awaited on the caller's event loop (the CLI's `asyncio.run`, or a notebook's);
 the blocking torch work of an update runs in a worker thread so the loop stays responsive.
@@ -20,26 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import logging
 import math
-import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
 import torch
 
-from arl.algo import (
-    entropy_from_logits,
-    gigpo,
-    grpo,
-    loss_normalizers,
-    policy_loss,
-    reinforce,
-    token_logprobs,
-)
+from arl.algo import gigpo, grpo, reinforce
 from arl.config import RunExistsError, TrainConfig, unstructure
 from arl.engine import make_engine
 from arl.models import resolve_model
@@ -47,10 +38,9 @@ from arl.rollout import ManagerConfig, Sample, collate
 from arl.rollout.factory import close_manager, make_manager, make_scheduler
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from arl.train.logging import MetricsLogger, plot_learning_curve
+from arl.train.run_dir import check_fresh, load_reference, save_reference
+from arl.train.update import policy_update
 
-log = logging.getLogger(__name__)
-
-REFERENCE_FILE = "reference.pt"  # the KL reference policy's state dict, when it is not the initial model
 
 class Trainer:
     """``Trainer(config, *, engine=None, manager=None, val_manager=None, resume=False)``.
@@ -95,7 +85,8 @@ class Trainer:
             self.resume = resume
         c = self.config
         self.run_dir = c.run_dir
-        self._check_run_dir()  # before anything is built: a refusal costs nothing
+        if not self.resume:  # before anything is built: a refusal costs nothing
+            check_fresh(self.run_dir, overwrite=c.overwrite)
         torch.manual_seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
         if self.engine is None:
@@ -126,7 +117,8 @@ class Trainer:
             extra = state.get("extra_state") or {}
             self.history = list(extra.get("history", []))
             self.rng.bit_generator.state = extra["rng"]
-            self._load_reference()
+            if self.ref_model is not None:
+                load_reference(self.run_dir, self.ref_model, warm_started=c.sft.steps > 0)
         # The engine must serve this policy: an injected engine may hold another run's weights, and a
         # resumed run's weights differ from the checkpoint the engine loaded (~10 ms for the tiny model).
         await self.push_weights()
@@ -134,22 +126,6 @@ class Trainer:
             self.run_dir, tensorboard=c.tensorboard, resume_step=self.step_count if ckpt is not None else None
         )
         self._ready = True
-
-    def _check_run_dir(self) -> None:
-        """A fresh run starts only in a directory without a run in it, or when told to overwrite."""
-        if self.resume:
-            return
-        found = _run_artifacts(self.run_dir)
-        if not found:
-            return
-        if not self.config.overwrite:
-            raise RunExistsError(
-                f"{self.run_dir} already holds a run ({', '.join(found)}); nothing was changed. Either resume it "
-                f"(`arl train CONFIG --resume`, or Trainer(config, resume=True)) or start over and delete it "
-                f"(`arl train CONFIG --overwrite`, or overwrite=true in the config)"
-            )
-        log.warning("overwriting the run in %s (%s)", self.run_dir, ", ".join(found))
-        _clear_run_dir(self.run_dir)
 
     def _lr_factor(self, step: int) -> float:
         o, total = self.config.optim, max(1, self.config.steps)
@@ -255,79 +231,15 @@ class Trainer:
 
     # -- the policy update (blocking; runs in a worker thread) ------------------------------------
     def update(self, samples: list[Sample], advantages: np.ndarray) -> dict[str, float]:
-        c, o = self.config, self.config.optim
-        pad = self.tokenizer.pad_token_id or 0
-        batch = collate(samples, pad_id=pad, mask_abnormal=c.rollout.mask_abnormal)
-        adv = torch.tensor(advantages, dtype=torch.float32, device=self.device)
-        temperature = max(self.manager.config.temperature, 1e-6)
-        # PPO's "old" policy is the trainer's own log-probs of the sampled tokens before the update.
-        # With one optimizer step per rollout they equal the current ones (ratio == 1, plain policy
-        # gradient), so the extra forward pass is skipped and each micro-batch detaches its own.
-        single_step = o.mini_batches == 1 and o.epochs == 1
-        with torch.no_grad():
-            old = None if single_step else self._logprobs(self.model, batch, range(len(samples)), temperature)
-            ref = self._logprobs(self.ref_model, batch, range(len(samples)), temperature) if self.ref_model else None
-        mask = batch["response_mask"]
-        metrics: dict[str, list[float]] = {}
-        skipped = 0
-        for _ in range(o.epochs):
-            order = self.rng.permutation(len(samples))
-            for mini in np.array_split(order, o.mini_batches):
-                norms = loss_normalizers(mask[mini])
-                self.optimizer.zero_grad(set_to_none=True)
-                for start in range(0, len(mini), o.micro_batch_size):
-                    idx = mini[start : start + o.micro_batch_size]
-                    rows = _trim(batch, idx, self.device)
-                    logits = self.model(
-                        input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
-                        position_ids=rows["position_ids"],
-                    ).logits
-                    logp = token_logprobs(logits, rows["input_ids"], temperature)
-                    entropy = entropy_from_logits(logits, temperature) if c.algo.entropy_coef > 0 else None
-                    width = logp.shape[1]
-                    old_logp = logp.detach() if old is None else old[idx, :width].to(self.device)
-                    loss, m = policy_loss(
-                        logp, old_logp, adv[idx], rows["response_mask"],
-                        clip_eps_low=c.algo.clip_eps_low, clip_eps_high=c.algo.clip_eps_high,
-                        dual_clip=c.algo.dual_clip, agg=c.algo.agg,
-                        ref_logprobs=None if ref is None else ref[idx, :width].to(self.device),
-                        kl_coef=c.algo.kl_coef,
-                        entropy=entropy, entropy_coef=c.algo.entropy_coef,
-                        engine_logprobs=rows["logprobs"], is_cap=c.algo.is_cap, is_level=c.algo.is_level,
-                        **norms,
-                    )
-                    loss.backward()
-                    for k, val in m.items():
-                        metrics.setdefault(k, []).append(float(val))
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip or float("inf"))
-                if not torch.isfinite(grad_norm):  # a NaN/inf update would poison the policy: skip it
-                    log.error("skipping an update with non-finite gradient norm %s", float(grad_norm))
-                    self.optimizer.zero_grad(set_to_none=True)
-                    skipped += 1
-                    continue
-                metrics.setdefault("grad_norm", []).append(float(grad_norm))
-                self.optimizer.step()
+        """`arl.train.update.policy_update` on the collated batch, then one LR-schedule step."""
+        c = self.config
+        batch = collate(samples, pad_id=self.tokenizer.pad_token_id or 0, mask_abnormal=c.rollout.mask_abnormal)
+        metrics = policy_update(
+            self.model, self.optimizer, batch, advantages, algo=c.algo, optim=c.optim,
+            temperature=self.manager.config.temperature, rng=self.rng, ref_model=self.ref_model,
+        )
         self.lr_schedule.step()
-        out = {f"train/{k}": float(np.mean(v)) for k, v in metrics.items()}
-        out.update({
-            "train/skipped_updates": float(skipped),
-            "train/num_samples": float(len(samples)),
-            "train/num_response_tokens": float(mask.sum()),
-        })
-        return out
-
-    def _logprobs(self, model: Any, batch: dict[str, Any], indices: Any, temperature: float) -> torch.Tensor:
-        """Log-probs of every token under `model`, computed micro-batch by micro-batch, (B, L)."""
-        idx = np.fromiter(indices, dtype=np.int64)
-        out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
-        for start in range(0, len(idx), self.config.optim.micro_batch_size):
-            rows = _trim(batch, idx[start : start + self.config.optim.micro_batch_size], self.device)
-            logits = model(
-                input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], position_ids=rows["position_ids"]
-            ).logits
-            lp = token_logprobs(logits, rows["input_ids"], temperature)
-            out[idx[start : start + len(lp)], : lp.shape[1]] = lp.cpu()
-        return out
+        return metrics
 
     async def push_weights(self) -> None:
         """New policy weights into the engine (which also resets its prefix cache)."""
@@ -357,7 +269,7 @@ class Trainer:
             sft_metrics = await format_warm_start(self)
             if self.ref_model is not None:  # the KL anchor is the policy RL starts from, not the random init
                 self.ref_model.load_state_dict(self.model.state_dict())
-                self._save_reference()
+                save_reference(self.run_dir, self.ref_model)
             await self.push_weights()
             self._record_raw(0, sft_metrics)
         if self.step_count == 0 and self.config.eval.at_start:
@@ -368,23 +280,6 @@ class Trainer:
                 progress(self.step_count, metrics)
         plot_learning_curve(self.run_dir, self.run_dir / "learning_curve.png")
         return self.history
-
-    def _save_reference(self) -> None:
-        """Keep the snapshotted KL reference in the run directory (once per run, written atomically):
-        checkpoints hold only the policy, and a resumed run must anchor to the same warm-started
-        policy, not to the initial model it is rebuilt from."""
-        tmp = self.run_dir / f".tmp-{REFERENCE_FILE}"
-        torch.save(self.ref_model.state_dict(), tmp)
-        tmp.replace(self.run_dir / REFERENCE_FILE)
-
-    def _load_reference(self) -> None:
-        if self.ref_model is None:
-            return
-        path = self.run_dir / REFERENCE_FILE
-        if path.exists():
-            self.ref_model.load_state_dict(torch.load(path, map_location=self.device))
-        elif self.config.sft.steps > 0:
-            log.warning("resuming without %s: the KL reference is the initial model, not the warm-started policy", path)
 
     def _record(self, metrics: dict[str, float]) -> None:
         self._record_raw(self.step_count, metrics)
@@ -426,31 +321,6 @@ def evaluation_metrics(rollout_metrics: dict[str, float]) -> dict[str, float]:
     """rollout/* metrics of a validation batch, renamed into the eval/ namespace."""
     keep = ("success_rate", "valid_action_rate", "mean_turns", "mean_episode_score", "num_episodes")
     return {f"eval/{k}": rollout_metrics[f"rollout/{k}"] for k in keep if f"rollout/{k}" in rollout_metrics}
-
-
-def _run_artifacts(run_dir: Path) -> list[str]:
-    """What in ``run_dir`` belongs to an earlier run (checkpoints, metrics, the KL reference)."""
-    if not run_dir.is_dir():
-        return []
-    ckpts = sorted(p.name for p in run_dir.glob("ckpt_*"))
-    found = [f"{len(ckpts)} checkpoint(s): {', '.join(ckpts[-3:])}"] if ckpts else []
-    found += [name for name in ("metrics.jsonl", REFERENCE_FILE) if (run_dir / name).exists()]
-    return found
-
-
-def _clear_run_dir(run_dir: Path) -> None:
-    for path in [run_dir / "metrics.jsonl", run_dir / "learning_curve.png", run_dir / REFERENCE_FILE]:
-        path.unlink(missing_ok=True)
-    for path in [run_dir / "tb", *run_dir.glob("ckpt_*")]:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _trim(batch: dict[str, Any], idx: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    """Rows `idx` of the padded batch, cut to their longest real length (less padding compute)."""
-    idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
-    width = int(batch["attention_mask"][idx].sum(dim=1).max())
-    keys = ("input_ids", "attention_mask", "position_ids", "response_mask", "logprobs")
-    return {k: batch[k][idx, :width].to(device) for k in keys}
 
 
 __all__ = ["ManagerConfig", "RunExistsError", "Trainer", "evaluation_metrics"]

@@ -1,0 +1,74 @@
+"""What a run directory holds besides checkpoints, and the rule that nothing deletes it implicitly.
+
+A run directory (``config.run_dir``) holds checkpoints (`arl.train.checkpoint`), metrics.jsonl,
+tb/, the learning curve, arl.log and, when the KL reference is the warm-started policy, that
+reference (`REFERENCE_FILE`: checkpoints hold only the policy, and a resumed run must anchor to
+the same policy, not to the initial model it is rebuilt from). A fresh run starts only in a
+directory with no earlier run in it (`check_fresh`), or when told to overwrite it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arl.config import RunExistsError
+
+log = logging.getLogger(__name__)
+
+REFERENCE_FILE = "reference.pt"  # the KL reference policy's state dict, when it is not the initial model
+
+
+def run_artifacts(run_dir: Path) -> list[str]:
+    """What in ``run_dir`` belongs to an earlier run (checkpoints, metrics, the KL reference)."""
+    if not run_dir.is_dir():
+        return []
+    ckpts = sorted(p.name for p in run_dir.glob("ckpt_*"))
+    found = [f"{len(ckpts)} checkpoint(s): {', '.join(ckpts[-3:])}"] if ckpts else []
+    found += [name for name in ("metrics.jsonl", REFERENCE_FILE) if (run_dir / name).exists()]
+    return found
+
+
+def check_fresh(run_dir: Path, overwrite: bool) -> None:
+    """Refuse (`RunExistsError`, naming both ways out) to start a fresh run where a run is, unless
+    ``overwrite``: then delete that run's files, and only those."""
+    found = run_artifacts(run_dir)
+    if not found:
+        return
+    if not overwrite:
+        raise RunExistsError(
+            f"{run_dir} already holds a run ({', '.join(found)}); nothing was changed. Either resume it "
+            f"(`arl train CONFIG --resume`, or Trainer(config, resume=True)) or start over and delete it "
+            f"(`arl train CONFIG --overwrite`, or overwrite=true in the config)"
+        )
+    log.warning("overwriting the run in %s (%s)", run_dir, ", ".join(found))
+    for path in [run_dir / "metrics.jsonl", run_dir / "learning_curve.png", run_dir / REFERENCE_FILE]:
+        path.unlink(missing_ok=True)
+    for path in [run_dir / "tb", *run_dir.glob("ckpt_*")]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def save_reference(run_dir: Path, model: Any) -> None:
+    """The KL reference's weights into the run directory (written atomically)."""
+    tmp = run_dir / f".tmp-{REFERENCE_FILE}"
+    torch.save(model.state_dict(), tmp)
+    tmp.replace(run_dir / REFERENCE_FILE)
+
+
+def load_reference(run_dir: Path, model: Any, *, warm_started: bool) -> bool:
+    """Load the saved KL reference into ``model``; False (with a warning when the run was
+    warm-started, so the reference should have been saved) when there is none."""
+    path = run_dir / REFERENCE_FILE
+    if path.exists():
+        model.load_state_dict(torch.load(path, map_location=next(model.parameters()).device))
+        return True
+    if warm_started:
+        log.warning("resuming without %s: the KL reference is the initial model, not the warm-started policy", path)
+    return False
+
+
+__all__ = ["REFERENCE_FILE", "check_fresh", "load_reference", "run_artifacts", "save_reference"]

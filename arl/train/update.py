@@ -1,0 +1,118 @@
+"""The policy update: one rollout batch -> optimizer steps (blocking torch work; the trainer runs
+it in a worker thread).
+
+    metrics = policy_update(model, optimizer, batch, advantages, algo=c.algo, optim=c.optim,
+                            temperature=T, rng=rng, ref_model=ref)
+
+For each of ``optim.epochs``, the rows are shuffled and split into ``optim.mini_batches``; each
+mini-batch is one optimizer step, its gradient accumulated over micro-batches of
+``optim.micro_batch_size`` rows, each cut to its longest real length. The loss is
+`arl.algo.policy_loss` (PPO-clip, k3 KL to ``ref_model``, entropy bonus, truncated importance
+weight between the trainer's and the engine's log-probs), normalised over the whole mini-batch
+(`loss_normalizers`) so accumulation equals one big batch. A step with a non-finite gradient norm
+is skipped, not applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from arl.algo import entropy_from_logits, loss_normalizers, policy_loss, token_logprobs
+
+log = logging.getLogger(__name__)
+
+_ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "logprobs")
+
+
+def policy_update(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, Any],
+    advantages: np.ndarray,
+    *,
+    algo: Any,
+    optim: Any,
+    temperature: float,
+    rng: np.random.Generator,
+    ref_model: Any = None,
+) -> dict[str, float]:
+    """Optimizer steps on one collated batch (`arl.rollout.collate`); returns ``train/*`` metrics."""
+    device = next(model.parameters()).device
+    n = batch["input_ids"].shape[0]
+    adv = torch.tensor(advantages, dtype=torch.float32, device=device)
+    temperature = max(temperature, 1e-6)
+    # PPO's "old" policy is the trainer's own log-probs of the sampled tokens before the update.
+    # With one optimizer step per rollout they equal the current ones (ratio == 1, plain policy
+    # gradient), so the extra forward pass is skipped and each micro-batch detaches its own.
+    single_step = optim.mini_batches == 1 and optim.epochs == 1
+    with torch.no_grad():
+        old = None if single_step else sequence_logprobs(model, batch, range(n), temperature, optim.micro_batch_size)
+        ref = sequence_logprobs(ref_model, batch, range(n), temperature, optim.micro_batch_size) if ref_model else None
+    mask = batch["response_mask"]
+    metrics: dict[str, list[float]] = {}
+    skipped = 0
+    for _ in range(optim.epochs):
+        for mini in np.array_split(rng.permutation(n), optim.mini_batches):
+            norms = loss_normalizers(mask[mini])
+            optimizer.zero_grad(set_to_none=True)
+            for start in range(0, len(mini), optim.micro_batch_size):
+                idx = mini[start : start + optim.micro_batch_size]
+                rows = rows_of(batch, idx, device)
+                logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                               position_ids=rows["position_ids"]).logits
+                logp = token_logprobs(logits, rows["input_ids"], temperature)
+                entropy = entropy_from_logits(logits, temperature) if algo.entropy_coef > 0 else None
+                width = logp.shape[1]
+                loss, m = policy_loss(
+                    logp, logp.detach() if old is None else old[idx, :width].to(device), adv[idx],
+                    rows["response_mask"],
+                    clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip,
+                    agg=algo.agg, ref_logprobs=None if ref is None else ref[idx, :width].to(device),
+                    kl_coef=algo.kl_coef, entropy=entropy, entropy_coef=algo.entropy_coef,
+                    engine_logprobs=rows["logprobs"], is_cap=algo.is_cap, is_level=algo.is_level, **norms,
+                )
+                loss.backward()
+                for k, val in m.items():
+                    metrics.setdefault(k, []).append(float(val))
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip or float("inf"))
+            if not torch.isfinite(grad_norm):  # a NaN/inf update would poison the policy: skip it
+                log.error("skipping an update with non-finite gradient norm %s", float(grad_norm))
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            metrics.setdefault("grad_norm", []).append(float(grad_norm))
+            optimizer.step()
+    out = {f"train/{k}": float(np.mean(v)) for k, v in metrics.items()}
+    out.update({"train/skipped_updates": float(skipped), "train/num_samples": float(n),
+                "train/num_response_tokens": float(mask.sum())})
+    return out
+
+
+def sequence_logprobs(model: Any, batch: dict[str, Any], indices: Any, temperature: float,
+                      micro_batch_size: int) -> torch.Tensor:
+    """Log-probs of every token of rows ``indices`` under ``model``, micro-batch by micro-batch,
+    as a (B, L) CPU tensor aligned with the batch (zeros elsewhere)."""
+    device = next(model.parameters()).device
+    idx = np.fromiter(indices, dtype=np.int64)
+    out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+    for start in range(0, len(idx), micro_batch_size):
+        rows = rows_of(batch, idx[start : start + micro_batch_size], device)
+        logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                       position_ids=rows["position_ids"]).logits
+        lp = token_logprobs(logits, rows["input_ids"], temperature)
+        out[idx[start : start + len(lp)], : lp.shape[1]] = lp.cpu()
+    return out
+
+
+def rows_of(batch: dict[str, Any], idx: Any, device: torch.device) -> dict[str, torch.Tensor]:
+    """Rows ``idx`` of the padded batch, cut to their longest real length (less padding compute)."""
+    idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+    width = int(batch["attention_mask"][idx].sum(dim=1).max())
+    return {k: batch[k][idx, :width].to(device) for k in _ROW_KEYS}
+
+
+__all__ = ["policy_update", "rows_of", "sequence_logprobs"]
