@@ -46,6 +46,14 @@ tokens the engine sampled. The tracker bridges the two for one episode:
   Both carry ``state_hash`` = sha256 of the request's latest observation message (the last user
   or tool message), so equal observations get equal hashes and GiGPO works in proxy mode.
 
+- **Memory linear in the episode.** Every request re-sends the whole history, so a committed
+  request that kept its own prompt (ids and message list) would make an episode's memory
+  quadratic in its length. Each branch instead keeps its path's tokens as one append-only list,
+  and a committed request keeps a `PromptView` of the prefix it was prompted with (its prompt is
+  always a prefix: the path's tokens up to the response, whose segment starts with the generation
+  prompt) and no message list of its own (the branch holds the nodes). Matching a request to a
+  branch compares one key, not the path: a chain key names its whole prefix.
+
 The keys live in `chain_keys.py`, the chat-template probing in `template.py`; this module is the
 tracker's state: nodes, requests, branches and the samples cut from them.
 """
@@ -57,6 +65,7 @@ from typing import Any, Literal
 
 import attrs
 
+from arl.engine.prompt import PromptView
 from arl.intercept.chain_keys import _memo_key, _tools_json, _tools_key, chain_key, state_hash
 from arl.intercept.protocol import normalize_message
 from arl.intercept.template import _DUMMY, TemplateError, _render, _Template, _template
@@ -81,15 +90,21 @@ class Node:
 
 @attrs.define(eq=False)
 class Prompt:
-    """A request's messages resolved to nodes, and the prompt the engine gets."""
+    """A request's messages resolved to nodes, and the prompt the engine gets.
+
+    What `prepare` returns holds its own lists; the copy a committed `Request` keeps holds no
+    nodes (its branch's first `depth` nodes are its messages) and its ids are a view of its
+    branch's tokens.
+    """
 
     nodes: list[Node]
-    prompt_ids: list[int]
+    prompt_ids: list[int] | PromptView
     tools: list[dict[str, Any]] | None
     root: str
     known: int  # how many leading messages were already tracked
     observation: str | None
     state_hash: str | None
+    depth: int = 0  # number of messages
 
 
 @attrs.define(eq=False)
@@ -109,9 +124,29 @@ class Request:
 
 @attrs.define(eq=False)
 class Branch:
+    """A path of nodes that requests extended, with its tokens as one append-only list."""
+
     id: int
     nodes: list[Node]
     requests: list[int]
+    ids: list[int] = attrs.Factory(list)  # the concatenation of the nodes' ids
+
+    @classmethod
+    def start(cls, id: int, path: Sequence[Node]) -> Branch:
+        branch = cls(id, [], [])
+        branch.extend(path)
+        return branch
+
+    def extend(self, nodes: Sequence[Node]) -> None:
+        self.nodes.extend(nodes)
+        for n in nodes:  # list += runs in C
+            self.ids += n.ids
+
+    def continued_by(self, keys: Sequence[str]) -> bool:
+        """Is this branch's whole path a prefix of `keys`? One comparison: equal chain keys at the
+        same index mean equal prefixes (each key hashes its parent's)."""
+        n = len(self.nodes)
+        return n <= len(keys) and keys[n - 1] == self.nodes[-1].key
 
     @property
     def keys(self) -> list[str]:
@@ -242,6 +277,7 @@ class MessageTracker:
         return Prompt(
             nodes=nodes, prompt_ids=prompt_ids, tools=tools, root=root, known=len(nodes) if known is None else known,
             observation=observation, state_hash=None if observation is None else state_hash(observation),
+            depth=len(nodes),
         )
 
     def commit(
@@ -282,16 +318,15 @@ class MessageTracker:
         keys = [n.key for n in path]
         best: Branch | None = None
         for branch in self.branches:  # later branches win ties: they are the most recent
-            b = branch.keys
-            if len(b) <= len(keys) and keys[: len(b)] == b and (best is None or len(b) >= len(best.nodes)):
+            if branch.continued_by(keys) and (best is None or len(branch.nodes) >= len(best.nodes)):
                 best = branch
         if best is None:
-            best = Branch(len(self.branches), list(path), [])
+            best = Branch.start(len(self.branches), path)
             if self.branches:
                 self.stats["forks"] += 1
             self.branches.append(best)
         else:
-            best.nodes.extend(path[len(best.nodes) :])
+            best.extend(path[len(best.nodes) :])
             # most recently extended goes last, so it wins the next tie
             self.branches.remove(best)
             self.branches.append(best)
@@ -299,13 +334,16 @@ class MessageTracker:
         request.branch = best.id
         if request.response.owner is None:
             request.response.owner = best.id
+        # keep the prompt as a view of the branch's tokens (a prefix of them: see the module doc)
+        prompt = request.prompt
+        request.prompt = attrs.evolve(prompt, nodes=[], prompt_ids=PromptView(best.ids, len(prompt.prompt_ids)))
 
     # -- samples ---------------------------------------------------------------------------------
     def traj_samples(self, keep: Keep = "all") -> list[TrackedSample]:
         """One sample per branch, in the order branches started (or the longest only)."""
         branches = sorted(self.branches, key=lambda b: b.id)
         if keep == "longest" and branches:
-            branches = [max(branches, key=lambda b: (len(b.requests), sum(len(n.ids) for n in b.nodes), b.id))]
+            branches = [max(branches, key=lambda b: (len(b.requests), len(b.ids), b.id))]
         elif keep not in ("all", "longest"):
             raise ValueError(f"keep must be 'all' or 'longest', got {keep!r}")
         out = []

@@ -7,6 +7,7 @@ groups of episodes sharing a seed and runs them concurrently; `rollout_metrics` 
 
 from __future__ import annotations
 
+from arl.engine.prompt import PromptView
 from arl.rollout.base import (
     EnvError,
     EnvManager,
@@ -22,7 +23,7 @@ from arl.rollout.base import (
 )
 from arl.rollout.metrics import rollout_metrics
 from arl.rollout.proxy import ProxyEnvManager
-from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, PromptView, Sample, Trajectory, Turn, collate
+from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, Sample, Trajectory, Turn, collate
 from arl.rollout.scheduler import VAL_BASE_SEED, GroupScheduler, RolloutBatch
 from arl.rollout.step import StepEnvManager
 from arl.rollout.traj import TrajEnvManager

@@ -32,8 +32,9 @@ from arl.engine.base import (
     PromptTooLongError,
     SamplingParams,
 )
+from arl.engine.prompt import PromptView
 from arl.intercept.template import bridge_ids, chat_ids, end_of_turn_ids
-from arl.rollout.records import PromptView, Sample, Trajectory, Turn
+from arl.rollout.records import Sample, Trajectory, Turn
 
 __all__ = [
     "EnvError",

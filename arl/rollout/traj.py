@@ -15,9 +15,10 @@ the loss, by default they train like any other (their score is the partial sum o
 
 from __future__ import annotations
 
+from arl.engine.prompt import PromptView
 from arl.envs.prompts import compact_messages, compact_user_message, traj_messages_start, traj_user_message
 from arl.rollout.base import EnvManager, EpisodeSpec, bridge_ids, chat_ids
-from arl.rollout.records import PromptView, Sample, Trajectory, Turn
+from arl.rollout.records import Sample, Trajectory, Turn
 
 
 class TrajEnvManager(EnvManager):
