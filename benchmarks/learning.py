@@ -203,10 +203,23 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
 
 
+# Config keys added after results were recorded, with the value that does what the code did before
+# they existed: a result without the key pools with runs that have exactly this value.
+ADDED_KEYS = {
+    "overwrite": False,  # run-directory handling only
+    "rollout.max_staleness": 0,  # synchronous training, the only mode before
+    "sft.teacher": "auto",  # answers for text agents: the only teacher before
+    "rollout.spare_groups": 0,  # no over-provisioning
+}
+
+
 def check_same_setup(previous_game: dict[str, Any], setup: dict[str, Any]) -> None:
-    """SystemExit naming every differing field unless `setup` is the earlier game's (estimator aside)."""
+    """SystemExit naming every differing field unless `setup` is the earlier game's (estimator aside;
+    keys added since, at their old behaviour's value, aside: `ADDED_KEYS`)."""
     ignore = ("algo.estimator", "algo.gigpo_mode", "rollout.mode", "rollout.proxy")  # set per run by ESTIMATORS
-    differ = [d for d in _differences(previous_game["setup"], setup) if not d.split(":")[0].startswith(ignore)]
+    added = {f"{k}: None vs {v!r}" for k, v in ADDED_KEYS.items()}
+    differ = [d for d in _differences(previous_game["setup"], setup)
+              if not d.split(":")[0].startswith(ignore) and d not in added]
     if differ:
         raise SystemExit(f"--add-to: {previous_game['game']} was run with another setup ({'; '.join(differ)}); "
                          "use a new --out")

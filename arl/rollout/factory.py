@@ -57,6 +57,9 @@ class RolloutConfig:
     # 0: synchronous (rollout, then update: exact). 1: overlapped, one step off-policy: the next
     # step's rollout runs during this step's update (see Trainer.step).
     max_staleness: int = attrs.field(default=0, validator=v.in_((0, 1)))
+    # Over-provisioning: play num_groups + spare_groups groups per step and keep the first
+    # num_groups that finish (GroupScheduler's docstring: what it buys and the bias it costs).
+    spare_groups: int = attrs.field(default=0, validator=v.ge(0))
     manager: ManagerConfig = attrs.Factory(ManagerConfig)
     proxy: ProxyConfig = attrs.Factory(ProxyConfig)
 
@@ -87,7 +90,8 @@ def make_scheduler(rollout: RolloutConfig, seed: int = 0, **overrides: Any) -> G
     """Training groups of ``rollout``: level seeds start at ``seed * 1_000_003`` (so two run seeds
     never share levels); ``overrides`` replace constructor arguments (e.g. ``num_groups``)."""
     kwargs = {"num_groups": rollout.num_groups, "group_size": rollout.group_size,
-              "base_seed": seed * 1_000_003, "max_concurrency": rollout.max_concurrency, **overrides}
+              "base_seed": seed * 1_000_003, "max_concurrency": rollout.max_concurrency,
+              "spare_groups": rollout.spare_groups, **overrides}
     return GroupScheduler(rollout.env_id, **kwargs)
 
 

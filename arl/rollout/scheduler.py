@@ -7,8 +7,16 @@ because the seed is. Validation uses a fixed panel in a separate seed range (`VA
 identical on every call, so evaluation points are comparable.
 
 Each episode is its own task in an anyio task group, bounded by a capacity limiter. Episodes
-never raise (`EnvManager.run_episode` is the fault boundary), so one failure never cancels its
-siblings.
+advance freely: there is no per-turn barrier, an episode asks for its next model call as soon as
+its env step is done, and a freed slot starts the next queued episode. Episodes never raise
+(`EnvManager.run_episode` is the fault boundary), so one failure never cancels its siblings.
+
+Over-provisioning (``spare_groups = k``, as ROLL's group redundancy and slime's over-sampling):
+a training step plays G + k groups and keeps the first G whose every member has finished; the
+rest are cancelled (their engine requests aborted) and dropped. The step no longer waits for its
+slowest groups. The price is a bias: groups whose episodes end early (short games, early
+failures or early successes) are kept more often than long ones; `rollout/groups_dropped` counts
+what was dropped. Seeds stay disjoint across steps (the stride is G + k).
 """
 
 from __future__ import annotations
@@ -45,24 +53,29 @@ class GroupScheduler:
         base_seed: int = 0,
         tag: str = "train",
         max_concurrency: int = 64,
+        spare_groups: int = 0,
     ):
         if num_groups < 1 or group_size < 1 or max_concurrency < 1:
             raise ValueError("num_groups, group_size and max_concurrency must be >= 1")
+        if spare_groups < 0:
+            raise ValueError(f"spare_groups must be >= 0, got {spare_groups}")
         self.env_id = env_id
         self.num_groups = num_groups
         self.group_size = group_size
         self.base_seed = base_seed
         self.tag = tag
         self.max_concurrency = max_concurrency
+        self.spare_groups = spare_groups
 
     def group_seed(self, step: int, group: int) -> int:
-        return self.base_seed + step * self.num_groups + group
+        return self.base_seed + step * (self.num_groups + self.spare_groups) + group
 
     def specs(self, step: int) -> list[EpisodeSpec]:
-        """The episodes of training step `step`: num_groups x group_size, group-major."""
+        """The episodes of training step `step`: (num_groups + spare_groups) x group_size, group-major.
+        Run them with ``keep_groups=num_groups`` to keep the first num_groups that finish."""
         return [
             spec
-            for g in range(self.num_groups)
+            for g in range(self.num_groups + self.spare_groups)
             for spec in _group(self.env_id, self.tag, g, self.group_seed(step, g), self.group_size)
         ]
 
@@ -72,26 +85,47 @@ class GroupScheduler:
         """A fixed validation panel: seeds base_seed .. base_seed + num_seeds - 1, same every call."""
         return [spec for i in range(num_seeds) for spec in _group(self.env_id, tag, i, base_seed + i, group_size)]
 
-    async def run(self, manager: EnvManager, specs: Sequence[EpisodeSpec]) -> RolloutBatch:
-        """Play every spec concurrently (at most max_concurrency at once) and collect the results."""
+    async def run(
+        self, manager: EnvManager, specs: Sequence[EpisodeSpec], keep_groups: int | None = None
+    ) -> RolloutBatch:
+        """Play every spec concurrently (at most max_concurrency at once) and collect the results.
+
+        ``keep_groups=n``: stop once n groups have finished every member, cancel the others and
+        return those n groups only (in spec order); None or at least the number of groups: all.
+        """
         results: list[Episode | None] = [None] * len(specs)
         limiter = anyio.CapacityLimiter(self.max_concurrency)
+        left: dict[str, int] = {}
+        for spec in specs:
+            left[spec.group_id] = left.get(spec.group_id, 0) + 1
+        keep = keep_groups if keep_groups is not None and keep_groups < len(left) else None
+        finished: set[str] = set()
 
         async def one(i: int, spec: EpisodeSpec) -> None:
             async with limiter:
                 results[i] = await manager.run_episode(spec)
+            left[spec.group_id] -= 1
+            if keep is not None and left[spec.group_id] == 0 and len(finished) < keep:
+                finished.add(spec.group_id)
+                if len(finished) == keep:  # enough whole groups: the stragglers are not waited for
+                    tg.cancel_scope.cancel()
 
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for i, spec in enumerate(specs):
                 tg.start_soon(one, i, spec)
         wall = time.perf_counter() - start
+        if keep is not None:  # the kept groups, in spec order
+            kept = [i for i, spec in enumerate(specs) if spec.group_id in finished]
+            specs, results = [specs[i] for i in kept], [results[i] for i in kept]
         episodes = [e for e in results if e is not None]  # all of them: run_episode never raises
         groups: dict[str, list[Episode]] = {}
         for spec, episode in zip(specs, episodes, strict=True):
             groups.setdefault(spec.group_id, []).append(episode)
         samples = [s for e in episodes for s in e.samples]
         metrics = rollout_metrics(episodes)
+        if keep is not None:
+            metrics["rollout/groups_dropped"] = float(len(left) - len(finished))
         metrics["timing/rollout_s"] = wall
         turns = metrics.get("rollout/num_turns", 0.0)
         metrics["timing/rollout_turns_per_s"] = turns / wall if wall > 0 else 0.0

@@ -192,7 +192,7 @@ class Trainer:
 
     async def _rollout(self, step: int) -> Any:
         before = self.engine.cache_stats() if hasattr(self.engine, "cache_stats") else None
-        batch = await self.groups.run(self.manager, self.groups.specs(step))
+        batch = await self.groups.run(self.manager, self.groups.specs(step), keep_groups=self.groups.num_groups)
         after = self.engine.cache_stats() if before is not None else None
         if after is not None:  # the engine's prefix cache over this rollout (evaluations overlapping it count too)
             queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]

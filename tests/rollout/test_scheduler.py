@@ -217,3 +217,50 @@ async def test_env_crash_keeps_its_traceback(fake_engine, crashing_env_id, manag
 async def test_normal_episodes_have_no_traceback(fake_engine):
     episode = await TrajEnvManager(fake_engine).run_episode(EpisodeSpec("arl/Sokoban-v0", 0, "g", 0))
     assert episode.trajectory.ok and episode.trajectory.traceback is None
+
+
+def test_spare_groups_seeds():
+    sched = GroupScheduler("arl/Sokoban-v0", num_groups=3, group_size=2, base_seed=100, spare_groups=2)
+    assert {s.seed for s in sched.specs(0)} == {100, 101, 102, 103, 104}
+    assert {s.seed for s in sched.specs(1)} == {105, 106, 107, 108, 109}  # disjoint: the stride is G + k
+    with pytest.raises(ValueError, match="spare_groups"):
+        GroupScheduler("arl/Sokoban-v0", num_groups=3, group_size=2, spare_groups=-1)
+
+
+class SlowGroups(TrajEnvManager):
+    """Members of the groups in `slow` take a minute; the others play at once."""
+
+    def __init__(self, *args, slow: set[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slow, self.cancelled = slow, 0
+
+    async def run_episode(self, spec):
+        import anyio
+
+        if int(spec.group_id.split("_")[1]) in self.slow:
+            try:
+                await anyio.sleep(60)
+            except anyio.get_cancelled_exc_class():
+                self.cancelled += 1
+                raise
+        return await super().run_episode(spec)
+
+
+async def test_spare_groups_keep_the_first_finished(scripted_engine):
+    """Over-provisioning: 3 of 5 groups are kept, the 2 stragglers are cancelled, not waited for."""
+    import time
+
+    sched = GroupScheduler("arl/Sokoban-v0", num_groups=3, group_size=2, spare_groups=2)
+    manager = SlowGroups(scripted_engine, ManagerConfig(max_tokens=32), slow={1, 3})
+    start = time.perf_counter()
+    batch = await sched.run(manager, sched.specs(0), keep_groups=3)
+    assert time.perf_counter() - start < 30  # the minute-long groups were not waited for
+    assert manager.cancelled == 4  # both members of both slow groups
+    kept = [s for s in sched.specs(0) if int(s.group_id.split("_")[1]) in (0, 2, 4)]
+    assert [e.trajectory.traj_id for e in batch.episodes] == [s.traj_id for s in kept]  # spec order
+    assert list(batch.groups) == [kept[0].group_id, kept[2].group_id, kept[4].group_id]
+    assert batch.metrics["rollout/groups_dropped"] == 2 and batch.metrics["rollout/num_episodes"] == 6
+    # without spares, or keeping at least every group, nothing is dropped and nothing is reported
+    plain = GroupScheduler("arl/Sokoban-v0", num_groups=3, group_size=2)
+    full = await plain.run(TrajEnvManager(scripted_engine, ManagerConfig(max_tokens=32)), plain.specs(0), keep_groups=3)
+    assert len(full.episodes) == 6 and "rollout/groups_dropped" not in full.metrics

@@ -210,3 +210,13 @@ async def test_closing_mid_run_cancels_the_prefetched_rollout(tmp_path):
         assert trainer._prefetch is not None
         task = trainer._prefetch
     assert task.done() and trainer._prefetch is None
+
+
+async def test_spare_groups_train_on_the_first_finished_groups(tmp_path):
+    """rollout.spare_groups: the step plays G + k groups and trains on the G that finish first."""
+    config = small_config(tmp_path, "rollout.spare_groups=1")
+    async with Trainer(config, engine=scripted(config)) as trainer:
+        await trainer.setup()
+        metrics = await trainer.step()
+    assert metrics["rollout/groups_dropped"] == 1
+    assert metrics["rollout/num_episodes"] == 2 * 4  # num_groups x group_size, the spare dropped
