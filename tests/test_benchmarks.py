@@ -88,6 +88,15 @@ def test_overlap_quick(tmp_path):
 
 
 @pytest.mark.vllm
+def test_spare_groups_quick(tmp_path):
+    result = _run("spare_groups.py", tmp_path)
+    rows = result["rows"]
+    assert set(rows) == {"0", "1"}
+    assert rows["0"][0]["dropped"] == 0 and rows["1"][0]["dropped"] == 1
+    assert rows["0"][0]["episodes"] == rows["1"][0]["episodes"] == 8  # the kept batch is the same size
+
+
+@pytest.mark.vllm
 def test_learning_quick(tmp_path):
     result = _run("learning.py", tmp_path, timeout=180)  # ~50 s on 2 cores; the smoke size must stay < 90 s
     (game,) = result["games"]
@@ -162,6 +171,11 @@ def test_learning_add_to_pools_runs_of_the_same_setup_only():
         ("gigpo-mean", 0, "old"), ("gigpo-mean", 1, "new"), ("grpo", 0, "new")]
     with pytest.raises(SystemExit, match=r"rollout.num_groups: 8 vs 4"):
         learning.merge_games([game([("grpo", 0, "old")])], [game([("grpo", 1, "new")], rollout__num_groups=4)])
+    # a key added since pools at its old behaviour's value (absent before), and only at that value
+    (pooled,) = learning.merge_games(old, [game([("grpo", 2, "new")], rollout__spare_groups=0)])
+    assert len(pooled["runs"]) == 3
+    with pytest.raises(SystemExit, match=r"rollout.spare_groups: None vs 2"):
+        learning.merge_games(old, [game([("grpo", 2, "new")], rollout__spare_groups=2)])
 
 
 def test_credit_quick(tmp_path):
