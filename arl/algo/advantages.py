@@ -8,7 +8,7 @@ records, so each estimator can be checked by hand (tests/algo) and read next to 
 Conventions shared by all estimators (REFERENCE.md §3):
 - Group statistics use the unbiased std (ddof=1).
 - A singleton group has no baseline to compare against: its advantage is 0 (ROLL's choice;
-  verl-agent instead passes the raw score through with mean 0 / std 1).
+  verl-agent instead passes the raw score through with mean 0 / std 1: `gigpo(singleton="raw")`).
 - A constant group (std <= 1e-6) carries no learning signal: its advantage is exactly 0, in
   both normalisation modes, so "all-zero advantage" filters can test for equality.
 """
@@ -22,7 +22,9 @@ import numpy as np
 
 __all__ = [
     "CONSTANT_STD",
+    "EpisodeStats",
     "Mode",
+    "Singleton",
     "discounted_returns",
     "episode_advantages",
     "gigpo",
@@ -34,6 +36,11 @@ __all__ = [
 
 Mode = Literal["mean_norm", "mean_std_norm"]
 MODES: tuple[str, ...] = ("mean_norm", "mean_std_norm")
+# GiGPO's episode term: statistics over each group's episodes (arl) or over its step-rows
+# (verl-agent's default, `compute_mean_std_cross_steps=True`: a T-step episode counts T times).
+EpisodeStats = Literal["episodes", "steps"]
+# A group with a single member: advantage 0 (arl, ROLL) or the raw score, mean 0 / std 1 (verl-agent).
+Singleton = Literal["zero", "raw"]
 
 # A group whose unbiased std is at or below this is "constant": advantage 0. Fixed (not `eps`):
 # `eps` only guards the division, it should not decide which groups carry signal.
@@ -82,6 +89,11 @@ def _check_lengths(**fields: Sized) -> int:
 def _check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(allowed)}")
 
 
 def _group_rows(keys: Sequence[Hashable]) -> list[np.ndarray]:
@@ -226,7 +238,14 @@ def discounted_returns(step_rewards: Floats, traj_ids: Keys, steps: Floats, *, g
 
 
 def episode_advantages(
-    episode_scores: Floats, group_ids: Keys, traj_ids: Keys, *, mode: Mode = "mean_norm", eps: float = 1e-6
+    episode_scores: Floats,
+    group_ids: Keys,
+    traj_ids: Keys,
+    *,
+    mode: Mode = "mean_norm",
+    eps: float = 1e-6,
+    stats: EpisodeStats = "episodes",
+    singleton: Singleton = "zero",
 ) -> tuple[np.ndarray, np.ndarray]:
     """GiGPO's episode term A_E, computed over EPISODES and broadcast to their step-rows.
 
@@ -237,15 +256,33 @@ def episode_advantages(
 
     where g runs over the trajectories of i's group. Singleton/constant groups give 0.
 
+    Two options reproduce verl-agent's `episode_norm_reward` (gigpo/core_gigpo.py) exactly:
+      stats="steps": mean_g and std_g run over the group's STEP-ROWS instead of its episodes
+        (verl-agent's default `compute_mean_std_cross_steps=True`), so an episode of T steps
+        counts T times and long episodes pull the baseline towards their score.
+      singleton="raw": a group whose population (episodes, or step-rows with stats="steps") has a
+        single member uses mean 0 and std 1, so its raw score R passes through (R / (1 + eps) in
+        mean_std_norm) instead of 0. With stats="steps" a one-episode group of several steps is
+        not a singleton: its rows share one score, so the group is constant and gives 0.
+
     Returns (A_E per row, the divisor s_g per row): s_g = std_g + eps for a non-degenerate group in
-    mean_std_norm, else 1 — the factor a per-row change of R (the invalid-action penalty) is
-    divided by so it lands on the same scale as A_E.
+    mean_std_norm (1 + eps for a "raw" singleton), else 1 — the factor a per-row change of R (the
+    invalid-action penalty) is divided by so it lands on the same scale as A_E.
+
+    Worked example: episode A has two steps and R = 1, episode B one step and R = 0. Over episodes
+    the mean is 1/2; over step-rows it is 2/3.
 
     >>> a_e, scale = episode_advantages([1, 1, 0, 0], ["g"] * 4, ["A", "A", "B", "B"])
     >>> a_e
     array([ 0.5,  0.5, -0.5, -0.5])
+    >>> episode_advantages([1, 1, 0], ["g"] * 3, ["A", "A", "B"], stats="steps")[0].round(4)
+    array([ 0.3333,  0.3333, -0.6667])
+    >>> episode_advantages([1, 0.5], ["g", "h"], ["A", "B"], singleton="raw")[0]
+    array([1. , 0.5])
     """
     _check_mode(mode)
+    _check_choice("stats", stats, ("episodes", "steps"))
+    _check_choice("singleton", singleton, ("zero", "raw"))
     scores = _floats("episode_scores", episode_scores)
     groups, trajs = _keys(group_ids), _keys(traj_ids)
     _check_lengths(episode_scores=scores, group_ids=groups, traj_ids=trajs)
@@ -262,19 +299,34 @@ def episode_advantages(
         traj_score[k] = scores[rows[0]]
         traj_group.append(groups[rows[0]])
 
-    episode_groups = _group_rows(traj_group)
     std_normalize = mode == "mean_std_norm"
-    traj_adv = group_normalize(traj_score, episode_groups, std_normalize=std_normalize, eps=eps)
-    traj_scale = np.ones(len(traj_rows))
-    if std_normalize:
-        for members in episode_groups:
-            std = traj_score[members].std(ddof=1) if len(members) > 1 else 0.0
-            if std > CONSTANT_STD:
-                traj_scale[members] = std + eps
+    if stats == "steps":  # the population is the rows themselves
+        return _normalize_with_scale(scores, _group_rows(groups), std_normalize, eps, singleton)
 
+    traj_adv, traj_scale = _normalize_with_scale(
+        traj_score, _group_rows(traj_group), std_normalize, eps, singleton
+    )
     adv, scale = np.zeros_like(scores), np.ones_like(scores)
     for k, rows in enumerate(traj_rows):
         adv[rows], scale[rows] = traj_adv[k], traj_scale[k]
+    return adv, scale
+
+
+def _normalize_with_scale(
+    values: np.ndarray, groups: list[np.ndarray], std_normalize: bool, eps: float, singleton: Singleton
+) -> tuple[np.ndarray, np.ndarray]:
+    """group_normalize plus each member's divisor s_g; a "raw" singleton uses mean 0, std 1."""
+    adv = group_normalize(values, groups, std_normalize=std_normalize, eps=eps)
+    scale = np.ones_like(values)
+    for members in groups:
+        if len(members) == 1:
+            if singleton == "raw":
+                scale[members] = 1.0 + eps if std_normalize else 1.0
+                adv[members] = values[members] / scale[members]
+            continue
+        std = values[members].std(ddof=1)
+        if std_normalize and std > CONSTANT_STD:
+            scale[members] = std + eps
     return adv, scale
 
 
@@ -324,6 +376,8 @@ def gigpo(
     invalid_penalty: float = 0.0,
     action_valid: Sequence[bool] | np.ndarray | Any | None = None,
     eps: float = 1e-6,
+    episode_stats: EpisodeStats = "episodes",
+    singleton: Singleton = "zero",
 ) -> tuple[np.ndarray, dict[str, float]]:
     """GiGPO (Feng et al. 2025): episode-relative plus anchor-state-relative advantages.
 
@@ -337,6 +391,13 @@ def gigpo(
 
     mode "mean_norm" subtracts the mean; "mean_std_norm" also divides by (unbiased std + eps).
     Singleton and constant groups (episode or anchor) contribute 0.
+
+    verl-agent's reference (gigpo/core_gigpo.py, `compute_gigpo_outcome_advantage`) differs in
+    two ways, both offered here (see `episode_advantages`): its episode statistics run over step-
+    rows (`episode_stats="steps"`), and a singleton episode group passes its raw score through
+    (`singleton="raw"`). Its step term already matches: a singleton anchor group has mean = its
+    own return, so A_S = 0 there too. With both options (and invalid_penalty=0, exactly
+    representable scores) `gigpo` equals that function row for row.
 
     Invalid-action penalty p (verl-agent; applies to rows with action_valid False, only there):
       - step term: the row's reward and return become r_t - p and G_t - p. The returns are
@@ -386,7 +447,9 @@ def gigpo(
     returns = returns - invalid_penalty * invalid
 
     # 2. episode term, over episodes; the penalty hits the offending row's copy of R
-    a_e, scale = episode_advantages(episode_scores, group_ids, traj_ids, mode=mode, eps=eps)
+    a_e, scale = episode_advantages(
+        episode_scores, group_ids, traj_ids, mode=mode, eps=eps, stats=episode_stats, singleton=singleton
+    )
     a_e = a_e - invalid_penalty * invalid / scale
 
     # 3 + 4. anchor-state groups and the step term

