@@ -41,6 +41,7 @@ _LAZY: dict[str, str] = {
     "GymRunner": "arl.agents.gym_runner",
     "ToolCallRunner": "arl.agents.gym_runner",
     "PushModeRunner": "arl.agents.process",
+    "PullModeRunner": "arl.agents.pull",
     "grpo": "arl.algo",
     "gigpo": "arl.algo",
 }
@@ -50,12 +51,14 @@ __all__ = [  # a literal list, for linters and IDEs; tests/test_package.py check
     "Trainer", "make_engine", "EngineConfig", "SamplingParams", "load_config", "TrainConfig", "ConfigError",
     "ManagerConfig", "GroupScheduler", "TrajEnvManager", "StepEnvManager", "ProxyEnvManager", "Sample", "collate",
     "make_manager", "ProxyConfig", "InProcessClient", "ProxyServer", "MessageTracker",
-    "AgentRunner", "EpisodeResult", "GymRunner", "ToolCallRunner", "PushModeRunner", "grpo", "gigpo",
+    "AgentRunner", "EpisodeResult", "GymRunner", "ToolCallRunner", "PushModeRunner", "PullModeRunner",
+    "grpo", "gigpo",
 ]
 
 if _TYPE_CHECKING:  # static analysers and IDEs see the real objects
     from arl.agents.gym_runner import GymRunner, ToolCallRunner
     from arl.agents.process import PushModeRunner
+    from arl.agents.pull import PullModeRunner
     from arl.agents.runner import AgentRunner, EpisodeResult
     from arl.algo import gigpo, grpo
     from arl.config import ConfigError, TrainConfig, load_config

@@ -23,6 +23,17 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -U "pip>=24" setuptools wheel 2>&1 | grep -v "is ignored" || true
 
+# bubblewrap: the sandbox of the bug-fix tool env (arl.envs.sandbox); without it commands run
+# unisolated (no network namespace, host files writable), which arl says with a warning.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+      || echo "note: apt-get could not install bubblewrap; the sandbox falls back to isolation 'none'"
+  else
+    echo "note: bubblewrap is not installed (needs root: apt-get install bubblewrap); the sandbox falls back to isolation 'none'"
+  fi
+fi
+
 if [ -z "${ARL_DEVICE:-}" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then ARL_DEVICE=gpu; else ARL_DEVICE=cpu; fi
 fi

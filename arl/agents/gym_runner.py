@@ -123,6 +123,17 @@ class _GameRunner(AgentRunner):
         except Exception as exc:
             raise _Stop("Failed", "env_error", _describe(exc)) from exc
 
+    async def _step(self, env: Any, action: Any) -> Any:
+        """``env.step(action)``; an env with ``astep`` (whose steps run subprocesses, like the
+        sandbox tool env) is awaited instead, so one episode's slow command stalls no other."""
+        astep = getattr(env, "astep", None)
+        if astep is None:
+            return self._env(env.step, action)
+        try:
+            return await astep(action)
+        except Exception as exc:  # noqa: BLE001 -- an env crash ends the episode as data
+            raise _Stop("Failed", "env_error", _describe(exc)) from exc
+
     async def run_job(self, seed: int) -> EpisodeResult:
         steps: list[float] = []
         infos: list[dict[str, Any]] = []
@@ -148,7 +159,7 @@ class _GameRunner(AgentRunner):
                     raise _model_failure(exc) from exc
                 assistant = self.assistant_message(reply)
                 messages.append(assistant)
-                observation, reward, terminated, truncated, info = self._env(env.step, self.env_action(assistant))
+                observation, reward, terminated, truncated, info = await self._step(env, self.env_action(assistant))
                 steps.append(float(reward))
                 infos.append({**{k: info[k] for k in _INFO_KEYS if k in info}, STATE_KEY: state})
                 self.record_step(state, assistant, info, float(reward))

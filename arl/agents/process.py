@@ -81,11 +81,10 @@ class PushModeRunner(AgentRunner):
     async def run_job(self, seed: int) -> EpisodeResult:
         workdir = Path(tempfile.mkdtemp(prefix="arl-agent-"))
         result_path, stderr_path = workdir / "result.json", workdir / "stderr.txt"
-        env = {
-            **{k: os.environ[k] for k in self.inherit_env if k in os.environ}, **self.env_extra,
+        env = agent_env(self.inherit_env, self.env_extra, {
             "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
             "ARL_SEED": str(seed), "ARL_MODEL": self.model, "ARL_RESULT_PATH": str(result_path),
-        }
+        })
         proc: asyncio.subprocess.Process | None = None
         try:
             with open(stderr_path, "wb") as stderr:
@@ -121,6 +120,13 @@ class PushModeRunner(AgentRunner):
             result.status, result.exit_reason = "Failed", "agent_error"
             result.error = f"agent exited with {self.returncode}\n{stderr}".strip()
         return result
+
+
+def agent_env(inherit: Sequence[str], extra: Mapping[str, str], protocol: Mapping[str, str]) -> dict[str, str]:
+    """An agent process's whole environment: the named variables of ours that are set
+    (``inherit``: `INHERITED_ENV` and the user's additions), then ``extra``, then the mode's
+    ``protocol`` variables, which win. Nothing else of the trainer's environment reaches it."""
+    return {**{k: os.environ[k] for k in inherit if k in os.environ}, **extra, **protocol}
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:

@@ -9,6 +9,10 @@ Step limits (gymnasium TimeLimit) and why:
   30 steps. Level generation bounds its backward search by the same number, so every level is
   solvable inside the limit.
 - ``arl/FrozenLake-v0`` (non-slippery) and ``arl/FrozenLakeSlippery-v0``: 4x4, p = 0.8, 10 steps.
+
+Tool envs (not games: `TextEnv`/`ToolEnv` do not wrap them; `TOOL_ENV_SPECS`):
+- ``arl/BugFix-v0``: a generated bug-fix task per seed in a sandbox (`arl.envs.bugfix`), 20 turns,
+  counted by the env itself (its last turn runs the hidden tests).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from arl.envs.tools import ToolEnv
 
 __all__ = [
     "ENV_SPECS",
+    "TOOL_ENV_SPECS",
     "FrozenLakeEnv",
     "SokobanEnv",
     "TextEnv",
@@ -45,6 +50,9 @@ ENV_SPECS: dict[str, tuple[str, int, dict[str, Any]]] = {
     "arl/FrozenLakeSlippery-v0": (_FROZEN_LAKE, 10, {"size": 4, "p": 0.8, "is_slippery": True}),
 }
 
+# id -> (entry point, turns)
+TOOL_ENV_SPECS: dict[str, tuple[str, int]] = {"arl/BugFix-v0": ("arl.envs.bugfix.env:BugFixEnv", 20)}
+
 
 def register_envs() -> None:
     """Register every ``arl/`` id with gymnasium (safe to call any number of times)."""
@@ -55,3 +63,9 @@ def register_envs() -> None:
             # The generator must know the limit so its backward search never exceeds it.
             kwargs = {**kwargs, "max_steps": max_steps}
         gym.register(id=env_id, entry_point=entry_point, max_episode_steps=max_steps, kwargs=kwargs)
+    for env_id, (entry_point, max_steps) in TOOL_ENV_SPECS.items():
+        if env_id not in gym.registry:
+            # They count their own turns (the last one is evaluated) and step returns reply
+            # messages, like ToolEnv: no TimeLimit, no passive checker.
+            gym.register(id=env_id, entry_point=entry_point, kwargs={"max_steps": max_steps},
+                         disable_env_checker=True)

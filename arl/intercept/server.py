@@ -25,7 +25,6 @@ Every failure is an OpenAI-shaped JSON error, never a crash, and the server keep
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -33,15 +32,14 @@ from typing import Any
 from aiohttp import web
 
 from arl.intercept.client import Handler
+from arl.intercept.exchange import CHAT_PATH, answer
 from arl.intercept.protocol import (
-    BadRequest,
     EpisodeClosed,
     InterceptError,
     PayloadTooLarge,
     Unauthorized,
     UnknownEpisode,
     error_body,
-    parse_request,
 )
 
 MAX_CLOSED = 1 << 16  # closed env ids remembered for their 410 (oldest forgotten first: then 404)
@@ -170,25 +168,17 @@ class ProxyServer:
         try:
             env_id, handler = self._route(request)
             raw = await request.read()
-            try:
-                body = json.loads(raw)
-            except (ValueError, RecursionError) as exc:
-                raise BadRequest(f"request body is not valid JSON: {exc}") from None
-            completion = await handler(env_id, parse_request(body))
-            return web.Response(
-                body=completion.model_dump_json(exclude_unset=True), content_type="application/json"
-            )
         except InterceptError as exc:
             self.stats["errors"] += 1
             return _json_error(exc.status, exc.to_json())
         except web.HTTPException:
             self.stats["errors"] += 1
             raise  # 413 and friends: the middleware shapes them
-        except Exception as exc:  # noqa: BLE001 -- a handler bug must not take the server down
+        # parse, validate, handle, serialize: the one exchange every transport shares (pull mode too)
+        status, payload = await answer(handler, env_id, "POST", CHAT_PATH, raw, max_body=len(raw))
+        if status != 200:
             self.stats["errors"] += 1
-            _log.error("chat-completions handler raised; answering 500", exc_info=True)
-            return _json_error(500, error_body(f"handler failed: {type(exc).__name__}: {exc}", "server_error",
-                                               "handler_error"))
+        return web.Response(status=status, body=payload, content_type="application/json")
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({

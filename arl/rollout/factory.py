@@ -9,7 +9,8 @@ is `ProxyEnvManager` running agent code, chosen by ``rollout.proxy.runner``:
 
 - ``gym`` (default): `GymRunner`, arl's text-action agent; ``tool``: `ToolCallRunner` (function
   calling); ``push``: `PushModeRunner`, the agent program ``runner_kwargs.command`` in its own OS
-  process over HTTP (needs ``transport: http``);
+  process over HTTP (needs ``transport: http``); ``pull``: `PullModeRunner`, the same program in a
+  sandbox without network, its model calls pulled over its pipes (needs ``transport: inprocess``);
 - ``"package.module:factory"``: your own. ``factory(client, spec, config, **runner_kwargs)``
   returns an `AgentRunner` for one episode: ``client`` is the OpenAI-compatible client of the
   episode, ``spec`` its `EpisodeSpec` (``env_id``, ``seed``, ...), ``config`` the `ManagerConfig`
@@ -39,7 +40,7 @@ MODES = ("traj", "step", "proxy")
 class ProxyConfig:
     """How ``mode: proxy`` runs agent code (see the module docstring)."""
 
-    runner: str = "gym"  # gym | tool | push | "package.module:factory"
+    runner: str = "gym"  # gym | tool | push | pull | "package.module:factory"
     transport: str = attrs.field(default="inprocess", validator=v.in_(("inprocess", "http")))
     tracker_mode: str = attrs.field(default="step", validator=v.in_(("traj", "step")))
     keep_branches: str = attrs.field(default="all", validator=v.in_(("all", "longest")))

@@ -56,17 +56,39 @@ def push_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, comman
     ``ARL_TEMPERATURE``, ``ARL_TOP_P``, ``ARL_MAX_TURNS`` (``arl.agents.examples.gym_agent`` reads them)."""
     from arl.agents.process import PushModeRunner
 
-    command = [sys.executable if part == "{python}" else str(part) for part in command]
-    env_extra = {
-        "ARL_ENV_ID": spec.env_id, "ARL_MAX_TOKENS": str(config.max_tokens),
-        "ARL_TEMPERATURE": repr(config.temperature), "ARL_TOP_P": repr(config.top_p),
-        **({"ARL_MAX_TURNS": str(config.max_turns)} if config.max_turns is not None else {}),
-        **{str(k): str(val) for k, val in dict(kwargs.pop("env_extra", None) or {}).items()},
-    }
+    command, env_extra = _agent_process(command, spec, config, kwargs.pop("env_extra", None))
     return PushModeRunner(client, command, timeout_s=timeout_s, env_extra=env_extra, **kwargs)
 
 
-RUNNERS: dict[str, Callable[..., AgentRunner]] = {"gym": gym_runner, "tool": tool_runner, "push": push_runner}
+def pull_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, command: list[str],
+                timeout_s: float = 300.0, **kwargs: Any) -> AgentRunner:
+    """`PullModeRunner`: ``command`` runs as the episode's agent in a sandbox without network, its
+    model calls answered over its pipes by the episode's handler (``client`` must be the
+    in-process one: ``transport: inprocess``). Same ``{python}`` and ``ARL_*`` settings as push."""
+    from arl.agents.pull import PullModeRunner
+    from arl.intercept.exchange import responder
+
+    command, env_extra = _agent_process(command, spec, config, kwargs.pop("env_extra", None))
+    return PullModeRunner(responder(client), command, timeout_s=timeout_s, env_extra=env_extra, **kwargs)
+
+
+def _agent_process(command: list[str], spec: EpisodeSpec, config: ManagerConfig,
+                   env_extra: Any) -> tuple[list[str], dict[str, str]]:
+    """An agent program's command line (``{python}`` = this interpreter) and the ``ARL_*``
+    variables that give it the episode's env id and the config's sampling settings."""
+    command = [sys.executable if part == "{python}" else str(part) for part in command]
+    env = {
+        "ARL_ENV_ID": spec.env_id, "ARL_MAX_TOKENS": str(config.max_tokens),
+        "ARL_TEMPERATURE": repr(config.temperature), "ARL_TOP_P": repr(config.top_p),
+        **({"ARL_MAX_TURNS": str(config.max_turns)} if config.max_turns is not None else {}),
+        **{str(k): str(val) for k, val in dict(env_extra or {}).items()},
+    }
+    return command, env
+
+
+RUNNERS: dict[str, Callable[..., AgentRunner]] = {
+    "gym": gym_runner, "tool": tool_runner, "push": push_runner, "pull": pull_runner,
+}
 
 
 def resolve_runner(name: str) -> Callable[..., AgentRunner]:
@@ -109,8 +131,12 @@ def runner_factory(proxy: ProxyConfig) -> Callable[[ManagerConfig], RunnerFactor
     """`bind_runner` of the runner a `ProxyConfig` names, with its ``runner_kwargs``."""
     make = resolve_runner(proxy.runner)
     kwargs = dict(proxy.runner_kwargs)
-    if make is push_runner and not kwargs.get("command"):
-        raise ValueError("rollout.proxy.runner=push needs rollout.proxy.runner_kwargs.command (the agent program)")
+    if make in (push_runner, pull_runner) and not kwargs.get("command"):
+        raise ValueError(f"rollout.proxy.runner={proxy.runner} needs rollout.proxy.runner_kwargs.command "
+                         "(the agent program)")
+    if make is pull_runner and proxy.transport != "inprocess":
+        raise ValueError("rollout.proxy.runner=pull answers the agent's pipes through the episode's handler: "
+                         "set rollout.proxy.transport=inprocess")
     return bind_runner(make, **kwargs)
 
 
@@ -119,4 +145,5 @@ def _call_runner(make: Callable[..., AgentRunner], config: ManagerConfig, kwargs
     return make(client, spec, config, **kwargs)
 
 
-__all__ = ["RUNNERS", "RunnerFactory", "bind_runner", "gym_runner", "push_runner", "resolve_runner", "runner_factory", "tool_runner"]
+__all__ = ["RUNNERS", "RunnerFactory", "bind_runner", "gym_runner", "pull_runner", "push_runner", "resolve_runner",
+           "runner_factory", "tool_runner"]

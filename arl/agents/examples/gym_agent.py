@@ -1,9 +1,11 @@
-"""An agent program for push mode: plays a TextEnv through any OpenAI-compatible server.
+"""An agent program for push and pull mode: plays a TextEnv through any OpenAI-compatible server.
 
 It uses the stock `openai` client configured from the environment (``OPENAI_BASE_URL``,
 ``OPENAI_API_KEY``), plays one episode of ``--env-id`` with seed ``ARL_SEED`` using arl's
 `GymRunner` (the very runner the in-process tests use), and writes the episode result as JSON to
-``ARL_RESULT_PATH``. Run it under `PushModeRunner`, or by hand against a server::
+``ARL_RESULT_PATH``. Under `PullModeRunner` (``ARL_TRANSPORT=pipe``) the same client talks over
+its stdin/stdout through `AsyncPipeTransport` and the result ends the session instead. Run it
+under either runner, or by hand against a server::
 
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=<env id> ARL_SEED=3 \\
     ARL_RESULT_PATH=/tmp/r.json python -m arl.agents.examples.gym_agent --env-id arl/FrozenLake-v0
@@ -24,6 +26,7 @@ import os
 import openai
 
 from arl.agents.gym_runner import GymRunner
+from arl.agents.pipe_transport import AsyncPipeTransport, end_session, in_pull_mode
 from arl.agents.process import write_result
 
 
@@ -47,8 +50,11 @@ async def main(argv: list[str] | None = None) -> None:
     args = _args(argv)
     if args.hang_s:
         await asyncio.sleep(args.hang_s)
+    pull = in_pull_mode()
+    # pull mode: no network, the model calls go over the process's pipes
+    http = {"http_client": openai.DefaultAsyncHttpxClient(transport=AsyncPipeTransport())} if pull else {}
     # max_retries=0: a refused call ends the episode instead of being replayed.
-    async with openai.AsyncOpenAI(max_retries=0) as client:
+    async with openai.AsyncOpenAI(max_retries=0, **http) as client:
         runner = GymRunner(
             client, args.env_id, model=os.environ.get("ARL_MODEL", "arl"), max_tokens=args.max_tokens,
             temperature=args.temperature, top_p=args.top_p, max_turns=args.max_turns,
@@ -56,7 +62,7 @@ async def main(argv: list[str] | None = None) -> None:
             history_len=args.history_len,
         )
         result = await runner.run_job(int(os.environ.get("ARL_SEED", "0")))
-    write_result(result)
+    (end_session if pull else write_result)(result)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+"""Sandbox overhead: start-up and per-command cost next to a plain subprocess.
+
+    .venv/bin/python benchmarks/sandbox.py            # 200 repeats per row (~1-2 min on 2 cores)
+    .venv/bin/python benchmarks/sandbox.py --quick    # CI smoke size (a few seconds)
+
+Rows, each timed end to end from the caller's event loop (median and p95 in ms over `--repeats`,
+variants interleaved A/B/C in a rotating order, so load drifts hit them alike):
+
+- ``true`` and ``python -c pass``: `asyncio.create_subprocess_exec("bash", "-c", ...)` with pipes
+  (plain), `Sandbox.run` with isolation "none" (the limits wrapper, pipes read under the output
+  cap) and with "bwrap" (new namespaces per command, binds, the uid drop as root);
+- start-up: `Sandbox(...)` + `close()` (work dir made, chowned, removed; bwrap's probe is cached);
+- bug-fix evaluation: `BugFixEnv.reset` + ``submit()`` (the hidden tests run in the sandbox).
+
+Ratios are to the plain subprocess row of the same command. Without bubblewrap the bwrap rows are
+skipped (and said so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _util import result_path, table, write_result  # noqa: E402
+
+from arl.envs.bugfix import BugFixEnv, assistant_message  # noqa: E402
+from arl.envs.sandbox import Sandbox, SandboxLimits, bwrap_problem  # noqa: E402
+
+COMMANDS = {"true": "true", "python -c pass": f"{sys.executable} -c pass"}
+
+
+def stats(values_s: list[float]) -> dict[str, float]:
+    ms = sorted(v * 1e3 for v in values_s)
+    p95 = ms[min(len(ms) - 1, round(0.95 * (len(ms) - 1)))]
+    return {"median_ms": statistics.median(ms), "p95_ms": p95, "n": len(ms)}
+
+
+async def plain(command: str) -> None:
+    proc = await asyncio.create_subprocess_exec("bash", "-c", command, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    await proc.communicate()
+    assert proc.returncode == 0
+
+
+async def measure(repeats: int, isolations: list[str]) -> list[dict]:
+    limits = SandboxLimits()
+    boxes = {iso: Sandbox(limits, isolation=iso, python=True) for iso in isolations}
+    variants = ["plain", *isolations]
+    times: dict[tuple[str, str], list[float]] = {(c, v): [] for c in COMMANDS for v in variants}
+    startup: dict[str, list[float]] = {iso: [] for iso in isolations}
+    try:
+        for i in range(repeats):
+            order = variants[i % len(variants):] + variants[: i % len(variants)]
+            for name, command in COMMANDS.items():
+                for variant in order:
+                    start = time.perf_counter()
+                    if variant == "plain":
+                        await plain(command)
+                    else:
+                        result = await boxes[variant].run(command)
+                        assert result.ok, result
+                    times[name, variant].append(time.perf_counter() - start)
+            for iso in (v for v in order if v != "plain"):
+                start = time.perf_counter()
+                await Sandbox(limits, isolation=iso).close()
+                startup[iso].append(time.perf_counter() - start)
+    finally:
+        for box in boxes.values():
+            await box.close()
+    rows = []
+    for name in COMMANDS:
+        base = statistics.median(times[name, "plain"])
+        for variant in variants:
+            s = stats(times[name, variant])
+            rows.append({"row": name, "variant": variant, **s,
+                         "ratio": statistics.median(times[name, variant]) / base})
+    for iso in isolations:
+        rows.append({"row": "start-up (Sandbox + close)", "variant": iso, **stats(startup[iso]), "ratio": None})
+    return rows
+
+
+def evaluation(repeats: int, isolation: str) -> dict:
+    env = BugFixEnv(isolation=isolation)
+    durations = []
+    for seed in range(repeats):
+        start = time.perf_counter()
+        env.reset(seed=seed)
+        _, _, terminated, _, _ = env.step(assistant_message("submit", {}))
+        assert terminated
+        durations.append(time.perf_counter() - start)
+    env.close()
+    return {"row": "bug-fix reset + submit", "variant": isolation, **stats(durations), "ratio": None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke size")
+    parser.add_argument("--repeats", type=int, default=None, help="default 200 (quick: 10)")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/sandbox.json")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    repeats = args.repeats or (10 if args.quick else 200)
+    problem = bwrap_problem()
+    isolations = ["none"] + (["bwrap"] if problem is None else [])
+    if problem is not None:
+        print(f"bwrap rows skipped: {problem}")
+    rows = asyncio.run(measure(repeats, isolations))
+    rows += [evaluation(max(3, repeats // 4), iso) for iso in isolations]
+    print(table(["what", "variant", "median ms", "p95 ms", "x plain"],
+                [[r["row"], r["variant"], f"{r['median_ms']:.1f}", f"{r['p95_ms']:.1f}",
+                  "" if r["ratio"] is None else f"{r['ratio']:.1f}"] for r in rows]))
+    write_result(args.out or result_path("sandbox", args.quick), args,
+                 {"rows": rows, "bwrap_problem": problem}, started)
+
+
+if __name__ == "__main__":
+    main()
