@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -75,10 +76,12 @@ def pull_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, comman
 def _agent_process(command: list[str], spec: EpisodeSpec, config: ManagerConfig,
                    env_extra: Any) -> tuple[list[str], dict[str, str]]:
     """An agent program's command line (``{python}`` = this interpreter) and the ``ARL_*``
-    variables that give it the episode's env id and the config's sampling settings."""
+    variables that give it the episode's env id, the env's keyword arguments (``ARL_ENV_KWARGS``,
+    JSON) and the config's sampling settings."""
     command = [sys.executable if part == "{python}" else str(part) for part in command]
     env = {
-        "ARL_ENV_ID": spec.env_id, "ARL_MAX_TOKENS": str(config.max_tokens),
+        "ARL_ENV_ID": spec.env_id, "ARL_ENV_KWARGS": json.dumps(dict(config.env_kwargs)),
+        "ARL_MAX_TOKENS": str(config.max_tokens),
         "ARL_TEMPERATURE": repr(config.temperature), "ARL_TOP_P": repr(config.top_p),
         **({"ARL_MAX_TURNS": str(config.max_turns)} if config.max_turns is not None else {}),
         **{str(k): str(val) for k, val in dict(env_extra or {}).items()},
