@@ -7,6 +7,7 @@
     arl train CONFIG [key=value ...]          train: CONFIG is a YAML path or a packaged name (`arl configs`)
     arl configs                               the packaged configs and the command that runs each
     arl bench NAME [ARGS...]                  run benchmarks/NAME.py of the checkout (e.g. overhead --quick)
+    arl plan MODEL... [--gpu-gb 24 80 141]    GPU memory each training setting needs, and where it fits
 """
 
 from __future__ import annotations
@@ -179,6 +180,37 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, str(script), *args.args])
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    """One markdown table: every model x setting, its memory terms in GiB and where it fits."""
+    from arl.plan import EngineSetting, GiB, model_shape, plan_memory, standard_settings
+
+    engine = EngineSetting(concurrency=args.concurrency, context=args.context,
+                           overhead_bytes=int(args.engine_overhead_gib * GiB))
+    settings = standard_settings(args.lora_rank, gradient_checkpointing=args.checkpointing,
+                                 micro_batch=args.micro_batch, seq_len=args.seq_len or args.context,
+                                 kl_reference=args.kl_reference)
+    gpus = [f"{g:g} GiB" for g in args.gpu_gb]
+    print("| model | setting | trainable | weights | master | grads | AdamW | activations | step temp. | trainer "
+          "| engine | total | " + " | ".join(gpus) + " |")
+    print("|---" * (12 + len(gpus)) + "|")
+    for name in args.model:
+        shape = model_shape(name)
+        for setting in settings:
+            plan = plan_memory(shape, setting, engine)
+            gib = [f"{x / GiB:.1f}" for x in (plan.weights, plan.master, plan.gradients, plan.optimizer,
+                                              plan.activations, plan.optimizer_temp, plan.trainer_bytes,
+                                              plan.engine_bytes, plan.total_bytes)]
+            fits = ["✓" if plan.fits(g, args.usable) else "✗" for g in args.gpu_gb]
+            print(f"| {shape.name} | {plan.setting} | {plan.trainable / 1e6:,.1f}M | " + " | ".join(gib + fits) + " |")
+    print(f"\nGiB. Trainer: AdamW (fp32 states), micro-batch {settings[0].micro_batch} x {settings[0].seq_len} "
+          f"tokens, gradient checkpointing {'on' if args.checkpointing else 'off'}"
+          f"{', a KL reference copy' if args.kl_reference else ''}. Engine: vLLM in bf16, KV cache for "
+          f"{args.concurrency} x {args.context} tokens, {args.engine_overhead_gib:g} GiB overhead (an assumption). "
+          f"trainer = weights + master + grads + AdamW + max(activations, step temporaries). "
+          f"✓: total <= {args.usable:g} x the GPU. Formulas: arl/plan.py.")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="-v: info logs, -vv: debug logs")
@@ -237,6 +269,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="overhead, engines, rollout, trainer_step, peers, envs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script, e.g. --quick")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("plan", help="GPU memory of training MODEL next to its vLLM engine, and which GPUs it fits")
+    p.add_argument("model", nargs="+", help="qwen2.5-0.5b|1.5b|3b|7b, smollm2-135m, tiny, a hub id of those, "
+                                            "or a local HF directory")
+    p.add_argument("--gpu-gb", type=float, nargs="+", default=[24, 80, 141], help="GPU sizes in GiB")
+    p.add_argument("--lora-rank", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--concurrency", type=int, default=32, help="sequences the engine holds at once (max_num_seqs)")
+    p.add_argument("--context", type=int, default=4096, help="tokens per sequence (max_model_len)")
+    p.add_argument("--micro-batch", type=int, default=1, help="rows per trainer forward/backward")
+    p.add_argument("--seq-len", type=int, default=None, help="padded tokens per trainer row (default: --context)")
+    p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
+                   help="plan without gradient checkpointing")
+    p.add_argument("--kl-reference", action="store_true", help="a KL reference policy (algo.kl_coef > 0)")
+    p.add_argument("--usable", type=float, default=0.9, help="fraction of the GPU a setting may fill")
+    p.add_argument("--engine-overhead-gib", type=float, default=2.0, help="vLLM beside weights and KV cache")
+    p.set_defaults(func=_cmd_plan)
     return parser
 
 

@@ -1,0 +1,504 @@
+"""Memory planner: what training a model with arl needs on one GPU, and which settings fit.
+
+    shape = model_shape("qwen2.5-1.5b")                       # known shape, a local HF dir, or a zoo name
+    plan = plan_memory(shape, TrainSetting(lora_rank=16, dtype="bf16"), EngineSetting(concurrency=32))
+    plan.total_bytes, plan.fits(80)                           # bytes; True/False on an 80 GiB GPU
+
+arl runs the trainer and the vLLM engine in one process on one GPU, so both are summed:
+
+    total = trainer + engine
+    trainer = weights + master copy + gradients + AdamW states + KL reference
+              + max(activations of one micro-batch, optimizer temporaries)
+    engine  = weights (bf16) + KV cache + LoRA slots + overhead (a stated assumption)
+
+Every term is a function below with its equation, its edge cases and a worked example. Bytes
+everywhere; GPU sizes are GiB (2**30 bytes: nvidia-smi shows a "24 GB" card as ~24 GiB, an
+"80 GB" A100/H100 as 80 GiB, a "141 GB" H200 as ~140 GiB). A setting *fits* when its total is at
+most `usable` (default 0.9, vLLM's default gpu_memory_utilization) of the GPU: the rest is left
+to the allocator's fragmentation and to what the estimate leaves out.
+
+What the estimate leaves out, on purpose: the CUDA allocator's cached-but-free blocks, the
+Python/torch runtime on the host, sequence packing (arl pads micro-batches), and attention
+kernels that materialise the T x T score matrix (the math fallback; flash / memory-efficient
+SDPA kernels are assumed). benchmarks/memory.py measures the trainer terms on CPU (RSS) and
+prints them beside this prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+__all__ = [
+    "ALL_LINEAR",
+    "BYTES",
+    "GiB",
+    "KNOWN_SHAPES",
+    "EngineSetting",
+    "MemoryPlan",
+    "ModelShape",
+    "TrainSetting",
+    "activation_bytes",
+    "kv_cache_bytes",
+    "layer_activation_bytes",
+    "lora_parameter_count",
+    "model_shape",
+    "parameter_count",
+    "plan_memory",
+    "projection_shapes",
+    "shape_from_config",
+    "standard_settings",
+]
+
+GiB = 2**30
+DType = Literal["fp32", "bf16"]
+BYTES: dict[str, int] = {"fp32": 4, "bf16": 2}
+ADAM_STATE_BYTES = 8  # AdamW's exp_avg and exp_avg_sq, fp32, per trainable parameter
+# peft's "all-linear": every projection of every decoder layer (not the embedding / lm_head)
+ALL_LINEAR: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# vLLM's memory beside weights and KV cache, per engine: the CUDA context (~0.5 GiB), the
+# activations of its profiling forward pass (max_num_batched_tokens tokens), CUDA graphs and the
+# sampler's buffers. An ASSUMPTION (vLLM logs its own figure at start-up as "non-torch memory"
+# + "torch peak memory increase" + "CUDA graph"), not a measurement: check it on your GPU.
+VLLM_OVERHEAD_BYTES = 2 * GiB
+
+
+# ----------------------------------------------------------------------------------------------
+# model shapes
+
+
+@attrs.frozen
+class ModelShape:
+    """The numbers of a decoder-only (Llama / Qwen2 style) model that decide its memory."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # Qwen2: biases on q, k, v; Llama / SmolLM2: none
+    source: str = ""
+
+
+def _tiny_shape() -> ModelShape:
+    from arl.models import TinySpec  # attrs-only import: no torch
+
+    spec = TinySpec()
+    return ModelShape(
+        "tiny", vocab_size=697, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+        num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.hidden_size // spec.num_heads,
+        intermediate_size=spec.intermediate_size, tie_word_embeddings=True, attention_bias=True,
+        # the vocab is what BPE learns from the game corpus, not TinySpec.vocab_size (a cap)
+        source="arl.models.TinySpec(); vocab 697 = the built tokenizer (config.json of `arl models build tiny`)",
+    )
+
+
+_HF = "config.json of huggingface.co/{}"
+# name -> shape. The Qwen2.5 and SmolLM2 numbers are copied from the config.json of each hub
+# repository (cited per row); tests/test_plan.py checks each against the parameter count on its
+# model card, and the zoo models against `sum(p.numel())` of the built model.
+KNOWN_SHAPES: dict[str, ModelShape] = {
+    s.name: s
+    for s in [
+        _tiny_shape(),
+        ModelShape("smollm2-135m", 49152, 576, 30, 9, 3, 64, 1536, True, False,
+                   _HF.format("HuggingFaceTB/SmolLM2-135M-Instruct")),
+        ModelShape("qwen2.5-0.5b", 151936, 896, 24, 14, 2, 64, 4864, True, True,
+                   _HF.format("Qwen/Qwen2.5-0.5B-Instruct")),
+        ModelShape("qwen2.5-1.5b", 151936, 1536, 28, 12, 2, 128, 8960, True, True,
+                   _HF.format("Qwen/Qwen2.5-1.5B-Instruct")),
+        ModelShape("qwen2.5-3b", 151936, 2048, 36, 16, 2, 128, 11008, True, True,
+                   _HF.format("Qwen/Qwen2.5-3B-Instruct")),
+        ModelShape("qwen2.5-7b", 152064, 3584, 28, 28, 4, 128, 18944, False, True,
+                   _HF.format("Qwen/Qwen2.5-7B-Instruct")),
+    ]
+}
+_ALIASES = {
+    "smollm2-135m-instruct": "smollm2-135m",
+    "huggingfacetb/smollm2-135m-instruct": "smollm2-135m",
+    **{f"qwen/qwen2.5-{s}-instruct": f"qwen2.5-{s}" for s in ("0.5b", "1.5b", "3b", "7b")},
+    **{f"qwen2.5-{s}-instruct": f"qwen2.5-{s}" for s in ("0.5b", "1.5b", "3b", "7b")},
+}
+
+
+def shape_from_config(config: Any, name: str = "") -> ModelShape:
+    """The shape of a transformers config (a `PretrainedConfig`, e.g. from `AutoConfig`)."""
+    get = lambda key, default=None: getattr(config, key, default)  # noqa: E731
+    heads = get("num_attention_heads")
+    return ModelShape(
+        name or get("_name_or_path", "") or get("model_type", "model"),
+        vocab_size=get("vocab_size"), hidden_size=get("hidden_size"), num_layers=get("num_hidden_layers"),
+        num_heads=heads, num_kv_heads=get("num_key_value_heads") or heads,
+        head_dim=get("head_dim") or get("hidden_size") // heads, intermediate_size=get("intermediate_size"),
+        tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+        # Qwen2's config has no flag: its q/k/v carry biases by construction
+        attention_bias=bool(get("attention_bias", get("model_type") == "qwen2")),
+        source=f"config of {name}" if name else "transformers config",
+    )
+
+
+def model_shape(name: str) -> ModelShape:
+    """A known shape by name or hub id (offline), else the config.json of a local directory."""
+    key = _ALIASES.get(str(name).lower(), str(name).lower())
+    if key in KNOWN_SHAPES:
+        return KNOWN_SHAPES[key]
+    path = Path(name).expanduser()
+    if path.is_dir():
+        from transformers import AutoConfig
+
+        return shape_from_config(AutoConfig.from_pretrained(path), name=str(name))
+    from arl.models import UnknownModelError
+
+    raise UnknownModelError(f"no known shape for {name!r} (known: {', '.join(KNOWN_SHAPES)}) "
+                            "and not a local directory with a config.json")
+
+
+# ----------------------------------------------------------------------------------------------
+# parameter counts
+
+
+def projection_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear projection of one decoder layer.
+
+    With Q = heads * head_dim and K = kv_heads * head_dim (grouped-query attention: K <= Q):
+      q: H -> Q,  k: H -> K,  v: H -> K,  o: Q -> H,  gate: H -> I,  up: H -> I,  down: I -> H
+
+    >>> projection_shapes(KNOWN_SHAPES["qwen2.5-7b"])["k_proj"]
+    (3584, 512)
+    """
+    h, i = shape.hidden_size, shape.intermediate_size
+    q, k = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    return {"q_proj": (h, q), "k_proj": (h, k), "v_proj": (h, k), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def parameter_count(shape: ModelShape) -> int:
+    """Number of parameters of the model.
+
+        P = V*H                                   (embedding)
+          + L * (sum_proj in*out + [Q + 2K]       (projections; q/k/v biases where the model has them)
+                 + 2H)                            (the two RMSNorm weights of a layer)
+          + H                                     (final norm)
+          + V*H  unless the embeddings are tied   (lm_head)
+
+    Worked example, Qwen2.5-0.5B (V 151936, H 896, L 24, Q 896, K 128, I 4864, tied):
+    embedding 136,134,656; per layer 1,836,160 (attention) + 13,074,432 (MLP) + 1,792 (norms)
+    = 14,912,384; total 136,134,656 + 24 * 14,912,384 + 896 = 494,032,768 (model card: 0.49B).
+
+    >>> parameter_count(KNOWN_SHAPES["qwen2.5-0.5b"])
+    494032768
+    """
+    v, h = shape.vocab_size, shape.hidden_size
+    projections = projection_shapes(shape)
+    per_layer = sum(n_in * n_out for n_in, n_out in projections.values()) + 2 * h
+    if shape.attention_bias:
+        per_layer += sum(projections[p][1] for p in ("q_proj", "k_proj", "v_proj"))
+    return v * h + shape.num_layers * per_layer + h + (0 if shape.tie_word_embeddings else v * h)
+
+
+def lora_parameter_count(shape: ModelShape, rank: int, targets: Sequence[str] = ALL_LINEAR) -> int:
+    """Trainable parameters of a LoRA adapter of rank r on `targets` of every layer.
+
+        P_lora = L * sum_{t in targets} r * (in_t + out_t)      (A: r x in, B: out x r)
+
+    rank 0 or no targets give 0; an unknown target name is an error (a typo would plan nothing).
+
+    >>> lora_parameter_count(KNOWN_SHAPES["tiny"], 8, ["q_proj"])   # 2 layers * 8 * (128 + 128)
+    4096
+    """
+    projections = projection_shapes(shape)
+    unknown = sorted(set(targets) - set(projections))
+    if unknown:
+        raise ValueError(f"unknown LoRA target modules {unknown}; known: {', '.join(projections)}")
+    if rank < 0:
+        raise ValueError(f"LoRA rank must be >= 0, got {rank}")
+    return shape.num_layers * sum(rank * sum(projections[t]) for t in dict.fromkeys(targets))
+
+
+# ----------------------------------------------------------------------------------------------
+# activations and KV cache
+
+
+# Which tensor each projection reads: the first norm's output, the attention output, the second
+# norm's output, the MLP product. Targets that share an input share its saved copy in fp32.
+_PROJECTION_INPUT = {"q_proj": "norm1", "k_proj": "norm1", "v_proj": "norm1", "o_proj": "attn",
+                     "gate_proj": "norm2", "up_proj": "norm2", "down_proj": "product"}
+
+
+def layer_activation_bytes(
+    shape: ModelShape, dtype: DType, seq_len: int, *, padded: bool = True,
+    lora_rank: int | None = None, lora_targets: Sequence[str] = ALL_LINEAR,
+) -> int:
+    """Bytes one decoder layer saves for the backward pass, per token: transformers' Llama/Qwen2
+    layer with SDPA, as autograd saves it (checked tensor by tensor with saved_tensors_hooks on
+    transformers 5 / torch 2.13). b = bytes of the activation dtype, Q = heads*head_dim,
+    K = kv_heads*head_dim, T = seq_len.
+
+      2 RMSNorms       2 * (4H + 4)      input in fp32 and 1/rms (pow and mul keep them, always)
+      attention        bQ + 2bQ + bQ     q after RoPE; k and v repeated to Q heads (2bK unpadded:
+                                         without a mask SDPA takes grouped k, v as they are); the
+                                         output, which is also o_proj's input
+                       + 4 heads         log-sum-exp
+                       + bT              padded only: torch turns the boolean padding mask into a
+                                         float (B, 1, T, T) mask per layer and keeps it
+      SwiGLU MLP       3bI               gate (SiLU's input), silu(gate), up
+    full fine-tune (weights need their inputs):
+                       2bH + 2bH + bI    each norm's normalised input (for its weight) and output
+                                         (for the projections), the product (down_proj's input)
+    LoRA (frozen base: norms and base projections keep nothing; RoPE keeps nothing either way):
+                       sum_t 4 in_t      each adapter's input, cast to fp32 by peft (a copy per
+                                         target; in fp32 one per distinct input, o_proj's reuses
+                                         the attention output)
+                       + 4r per target   the adapter's rank-r hidden
+
+    Worked example, tiny (H 128, Q 128, K 64, I 512, 4 heads) in fp32, padded rows of 256:
+    norms 1032 + attention 512 + 1024 + 512 + 16 + 1024 + MLP 6144 + full 4096 = 14360.
+
+    >>> layer_activation_bytes(KNOWN_SHAPES["tiny"], "fp32", 256)
+    14360
+    """
+    b = BYTES[dtype]
+    h, i = shape.hidden_size, shape.intermediate_size
+    q, k = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    norms = 2 * (4 * h + 4)
+    attention = b * q + (2 * b * q if padded else 2 * b * k) + b * q + 4 * shape.num_heads + (b * seq_len if padded else 0)
+    mlp = 3 * b * i
+    if lora_rank is None:
+        return norms + attention + mlp + 4 * b * h + b * i
+    targets = dict.fromkeys(lora_targets)
+    projections = projection_shapes(shape)
+    if dtype == "fp32":  # no cast: targets reading one tensor save it once; o_proj's is saved already
+        inputs = {_PROJECTION_INPUT[t]: projections[t][0] for t in targets if t != "o_proj"}
+        adapter_inputs = 4 * sum(inputs.values())
+    else:
+        adapter_inputs = sum(4 * projections[t][0] for t in targets)
+    return norms + attention + mlp + adapter_inputs + 4 * lora_rank * len(targets)
+
+
+def activation_bytes(
+    shape: ModelShape, rows: int, seq_len: int, dtype: DType, *, checkpointing: bool, padded: bool = True,
+    lora_rank: int | None = None, lora_targets: Sequence[str] = ALL_LINEAR,
+) -> int:
+    """Peak activation memory of one micro-batch of N = rows * seq_len tokens, forward + backward.
+
+        no checkpointing:  N * (L * a_layer + max(a_head, bV + 3bI))
+        checkpointing:     N * (L * bH + max(a_head, bV + a_layer + 3bI))
+
+    The peak is either at the head's backward (every layer's activations alive) or at a layer's
+    backward, where the logits are still held and the MLP's first gradients (down_proj's input,
+    then both factors of the product: 3bI) join that layer's saved tensors; with checkpointing
+    each layer keeps only its input (bH) and the layer being differentiated is recomputed.
+        a_head = 4H + 4 [+ 2bH full fine-tune]    the final norm, as a layer's norm
+               + bV                               logits (the loss loop holds them)
+               + 4V                               token_logprobs' fp32 logits / T (logsumexp keeps it)
+               + 2 * 4V                           backward: the softmax and the gathered gradient
+
+    a_layer = `layer_activation_bytes`. The vocabulary term dominates models with large
+    vocabularies: arl computes full-vocabulary log-probs in fp32, unchunked, so Qwen2.5 (V = 152k)
+    pays ~1.9 MiB per token in bf16, more than all 24 layers of the 0.5B model. rows = 0 gives 0.
+
+    Worked example, tiny (V 697) in fp32, 4 padded rows x 256 tokens, no checkpointing:
+    a_head = 516 + 1024 + 2788 + 2788 + 5576 = 12692; 1024 * (2 * 14360 + 12692) = 42,405,888.
+
+    >>> activation_bytes(KNOWN_SHAPES["tiny"], 4, 256, "fp32", checkpointing=False)
+    42405888
+    """
+    if rows < 0 or seq_len < 0:
+        raise ValueError(f"rows and seq_len must be >= 0, got {rows} and {seq_len}")
+    b = BYTES[dtype]
+    h, v = shape.hidden_size, shape.vocab_size
+    a_layer = layer_activation_bytes(shape, dtype, seq_len, padded=padded, lora_rank=lora_rank,
+                                     lora_targets=lora_targets)
+    a_head = 4 * h + 4 + (2 * b * h if lora_rank is None else 0) + b * v + 4 * v + 2 * 4 * v
+    layer_backward = 3 * b * shape.intermediate_size
+    if checkpointing:
+        per_token = shape.num_layers * b * h + max(a_head, b * v + a_layer + layer_backward)
+    else:
+        per_token = shape.num_layers * a_layer + max(a_head, b * v + layer_backward)
+    return rows * seq_len * per_token
+
+
+def kv_cache_bytes(shape: ModelShape, tokens: int, dtype: DType = "bf16") -> int:
+    """vLLM's KV cache for `tokens` resident tokens (concurrency x context at worst).
+
+        KV = 2 (K and V) * L * kv_heads * head_dim * bytes * tokens
+
+    Grouped-query attention is why it is small: Qwen2.5-7B keeps 4 KV heads of 28.
+    Worked example, Qwen2.5-7B in bf16: 2 * 28 * 4 * 128 * 2 = 57,344 bytes (56 KiB) per token.
+
+    >>> kv_cache_bytes(KNOWN_SHAPES["qwen2.5-7b"], 1)
+    57344
+    """
+    if tokens < 0:
+        raise ValueError(f"tokens must be >= 0, got {tokens}")
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * BYTES[dtype] * tokens
+
+
+# ----------------------------------------------------------------------------------------------
+# settings and the plan
+
+
+@attrs.frozen
+class TrainSetting:
+    """How the policy is trained: full fine-tune or LoRA, precision, micro-batch, checkpointing."""
+
+    lora_rank: int | None = None  # None: full fine-tune
+    lora_targets: tuple[str, ...] = ALL_LINEAR
+    dtype: DType = attrs.field(default="fp32", validator=attrs.validators.in_(BYTES))  # weights, activations
+    fp32_master: bool = True  # full bf16 only: the optimizer updates an fp32 copy (bf16 steps lose small updates)
+    gradient_checkpointing: bool = False
+    micro_batch: int = attrs.field(default=1, validator=attrs.validators.ge(1))  # rows per forward/backward
+    seq_len: int = attrs.field(default=4096, validator=attrs.validators.ge(1))  # padded tokens per row
+    padded: bool = True  # rows of different lengths (arl right-pads them): a mask reaches SDPA
+    kl_reference: bool = False  # a KL reference policy (algo.kl_coef > 0)
+    device: Literal["cuda", "cpu"] = "cuda"  # decides AdamW's implementation (foreach on CUDA)
+
+    @property
+    def label(self) -> str:
+        if self.lora_rank is not None:
+            return f"LoRA r={self.lora_rank} {self.dtype}"
+        if self.dtype == "bf16":
+            return "full bf16 + fp32 master" if self.fp32_master else "full bf16"
+        return "full fp32"
+
+
+@attrs.frozen
+class EngineSetting:
+    """The vLLM engine beside the trainer; `None` in `plan_memory` plans the trainer alone."""
+
+    dtype: DType = "bf16"
+    concurrency: int = attrs.field(default=32, validator=attrs.validators.ge(1))  # max_num_seqs
+    context: int = attrs.field(default=4096, validator=attrs.validators.ge(1))  # max_model_len
+    overhead_bytes: int = VLLM_OVERHEAD_BYTES
+    lora_slots: int = 2  # max_loras: the serving adapter and the one being pushed
+
+
+@attrs.frozen
+class MemoryPlan:
+    """A breakdown in bytes of one model x training setting x engine setting."""
+
+    model: str
+    setting: str
+    parameters: int
+    trainable: int
+    # trainer
+    weights: int
+    master: int
+    gradients: int
+    optimizer: int
+    reference: int
+    activations: int
+    optimizer_temp: int
+    # engine (all 0 without one)
+    engine_weights: int = 0
+    kv_cache: int = 0
+    lora_slots: int = 0
+    engine_overhead: int = 0
+
+    @property
+    def trainer_bytes(self) -> int:
+        """Persistent state plus the larger transient: activations (forward/backward) or the
+        optimizer step's temporaries (the two never overlap: activations are freed by then)."""
+        persistent = self.weights + self.master + self.gradients + self.optimizer + self.reference
+        return persistent + max(self.activations, self.optimizer_temp)
+
+    @property
+    def engine_bytes(self) -> int:
+        return self.engine_weights + self.kv_cache + self.lora_slots + self.engine_overhead
+
+    @property
+    def total_bytes(self) -> int:
+        return self.trainer_bytes + self.engine_bytes
+
+    def fits(self, gpu_gib: float, usable: float = 0.9) -> bool:
+        """total <= usable * GPU memory."""
+        return self.total_bytes <= usable * gpu_gib * GiB
+
+    def engine_fraction(self, gpu_gib: float) -> float:
+        """The `gpu_memory_utilization` that gives vLLM its share and leaves the rest to the trainer
+        (vLLM sizes its KV cache to fill that fraction; more concurrency needs a larger one)."""
+        return self.engine_bytes / (gpu_gib * GiB)
+
+    def breakdown(self) -> dict[str, int]:
+        """Every term, in bytes, plus the sums (what the CLI and the benchmark print)."""
+        terms = attrs.asdict(self, filter=lambda a, v: isinstance(v, int) and a.name not in ("parameters", "trainable"))
+        return {**terms, "trainer": self.trainer_bytes, "engine": self.engine_bytes, "total": self.total_bytes}
+
+
+def plan_memory(shape: ModelShape, train: TrainSetting, engine: EngineSetting | None = EngineSetting()) -> MemoryPlan:
+    """The memory of training `shape` with `train` next to `engine` on one GPU.
+
+    Full fine-tune, P parameters, b = bytes of the policy dtype:
+        weights b*P;  master 4P if bf16 with an fp32 master copy (else 0);  gradients b*P;
+        AdamW states 8P;  KL reference b*P (a second copy of the policy)
+    LoRA, P_a adapter parameters (peft keeps adapters in fp32):
+        weights b*P + 4*P_a;  gradients 4*P_a;  AdamW 8*P_a;  no master;  KL reference 0 (the
+        base model with the adapter disabled); activations as `layer_activation_bytes` says.
+    Gradients count during the forward and backward: with gradient accumulation over arl's
+    micro-batches, the earlier micro-batches' gradients are alive during the later ones.
+    Optimizer-step temporaries: CUDA's foreach AdamW holds one fp32 tensor per trainable parameter
+    (sqrt of exp_avg_sq) for the whole list, the CPU's per-tensor AdamW one for the largest tensor;
+    an fp32 master copy needs its gradients in fp32 too (4P, cast from the bf16 ones); the last
+    micro-batch's logits are still alive during the step (arl's loss loop holds them).
+    Engine: weights in its dtype, KV cache for concurrency x context tokens, LoRA slots (max_loras
+    adapters of the plan's rank in the engine dtype), and the stated overhead.
+
+    Worked example, tiny, full fp32, 4 x 256 tokens, trainer only (P = 581,888: 89,216 embedding,
+    2 x 246,272 per layer, 128 final norm): 4P + 4P + 8P = 9,310,208 bytes of state; activations
+    42,405,888 (see `activation_bytes`) > temporaries 4 * 89,216 + 1024 * 697 * 4 = 3,211,776.
+
+    >>> p = plan_memory(KNOWN_SHAPES["tiny"], TrainSetting(micro_batch=4, seq_len=256, device="cpu"), None)
+    >>> p.parameters, p.weights + p.gradients + p.optimizer, p.activations, p.trainer_bytes
+    (581888, 9310208, 42405888, 51716096)
+    """
+    params = parameter_count(shape)
+    b = BYTES[train.dtype]
+    tokens = train.micro_batch * train.seq_len
+    activations = activation_bytes(shape, train.micro_batch, train.seq_len, train.dtype,
+                                   checkpointing=train.gradient_checkpointing, padded=train.padded,
+                                   lora_rank=train.lora_rank, lora_targets=train.lora_targets)
+    projections = projection_shapes(shape)
+    if train.lora_rank is None:
+        trainable = params
+        weights, master = b * params, (4 * params if train.dtype == "bf16" and train.fp32_master else 0)
+        gradients, reference = b * trainable, (b * params if train.kl_reference else 0)
+        largest = max(shape.vocab_size * shape.hidden_size, *(i * o for i, o in projections.values()))
+    else:
+        trainable = lora_parameter_count(shape, train.lora_rank, train.lora_targets)
+        weights, master, gradients, reference = b * params + 4 * trainable, 0, 4 * trainable, 0
+        largest = max((train.lora_rank * max(projections[t]) for t in train.lora_targets), default=0)
+    optimizer_temp = 4 * (trainable if train.device == "cuda" else largest) + master + tokens * shape.vocab_size * b
+    plan = MemoryPlan(
+        model=shape.name, setting=train.label, parameters=params, trainable=trainable,
+        weights=weights, master=master, gradients=gradients, optimizer=ADAM_STATE_BYTES * trainable,
+        reference=reference, activations=activations, optimizer_temp=optimizer_temp,
+    )
+    if engine is None:
+        return plan
+    eb = BYTES[engine.dtype]
+    lora_slots = 0 if train.lora_rank is None else engine.lora_slots * eb * trainable
+    return attrs.evolve(
+        plan, engine_weights=eb * params, kv_cache=kv_cache_bytes(shape, engine.concurrency * engine.context, engine.dtype),
+        lora_slots=lora_slots, engine_overhead=engine.overhead_bytes,
+    )
+
+
+def standard_settings(
+    lora_ranks: Sequence[int] = (16, 64), *, gradient_checkpointing: bool = True, micro_batch: int = 1,
+    seq_len: int = 4096, kl_reference: bool = False,
+) -> list[TrainSetting]:
+    """The README table's rows: full fp32, full bf16 + fp32 master, LoRA rank r in bf16 (each r)."""
+    common = dict(gradient_checkpointing=gradient_checkpointing, micro_batch=micro_batch, seq_len=seq_len,
+                  kl_reference=kl_reference)
+    return [
+        TrainSetting(dtype="fp32", **common),
+        TrainSetting(dtype="bf16", fp32_master=True, **common),
+        *(TrainSetting(lora_rank=r, dtype="bf16", **common) for r in lora_ranks),
+    ]
