@@ -133,10 +133,11 @@ async def run_game(game: str, config_path: Path, args: argparse.Namespace, runs_
     from arl.config import load_config
     from arl.engine import make_engine
     from arl.train import Trainer
+    from arl.train.lora import engine_config
 
     base = load_config(config_path, run_overrides(args, game, None, None, runs_dir))
     t0 = time.perf_counter()
-    engine = make_engine(base.engine)
+    engine = make_engine(engine_config(base))  # with vLLM's LoRA path when the config trains LoRA
     startup_s = time.perf_counter() - t0
     print(f"[{game}] engine {base.engine.backend} started in {startup_s:.1f} s", flush=True)
     runs, n_params = [], None
@@ -210,6 +211,9 @@ ADDED_KEYS = {
     "rollout.max_staleness": 0,  # synchronous training, the only mode before
     "sft.teacher": "auto",  # answers for text agents: the only teacher before
     "rollout.spare_groups": 0,  # no over-provisioning
+    "optim.gradient_checkpointing": False,  # activations kept, as before
+    "lora": {"rank": 0, "alpha": 16.0, "dropout": 0.0,  # every weight trained: LoRA's section off
+             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
 }
 
 

@@ -8,7 +8,8 @@
 # 3. times SmolLM2-135M FrozenLake training steps (benchmarks/trainer_step.py) at the demo's
 #    geometry (8 groups x 8) and at RAGEN's (8 groups x 16, <= 5 turns), synchronous and
 #    overlapped (rollout.max_staleness=1: on a GPU the update's kernels release the GIL, which on
-#    CPU made overlap useless; benchmarks/README "Overlapped training").
+#    CPU made overlap useless; benchmarks/README "Overlapped training"),
+# 4. LoRA: a SmolLM2-135M rank-16 step, and the weight push full vs adapter (benchmarks/weight_push.py).
 # Everything it prints is also written to OUT_DIR (log, result JSONs) for the closing note.
 # Not covered yet: bf16 contract tolerances and vLLM sleep/wake around the update (the engines'
 # sleep()/wake() are still no-ops).
@@ -39,4 +40,8 @@ for mode in 0 1; do
     "${COMMON[@]}" rollout.num_groups=8 rollout.group_size=16 rollout.manager.max_turns=5 \
     rollout.max_staleness=$mode | tail -12
 done
+echo "== LoRA (issue 17): SmolLM2-135M rank-16 step at the demo geometry, and the push, full vs adapter"
+$PY benchmarks/trainer_step.py --config configs/smollm2_frozenlake_gigpo_lora.yaml --steps 6 \
+  --out "$OUT/step_8x8_lora.json" "${COMMON[@]}" rollout.num_groups=8 rollout.group_size=8 | tail -12
+$PY benchmarks/weight_push.py --backends vllm vllm-async --out "$OUT/weight_push.json" | tail -8
 echo "gpu check done in $(( $(date +%s) - start )) s; results in $OUT/"

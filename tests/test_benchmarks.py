@@ -88,6 +88,14 @@ def test_overlap_quick(tmp_path):
 
 
 @pytest.mark.vllm
+def test_weight_push_quick(tmp_path):
+    rows = {r["mode"]: r for r in _run("weight_push.py", tmp_path)["rows"]}
+    assert set(rows) == {"full", "lora"}
+    assert 0 < rows["lora"]["bytes"] < rows["full"]["bytes"] / 10  # the tiny model's rank-8 adapter: ~15x less
+    assert rows["full"]["push_s"]["median"] > 0 and rows["lora"]["push_s"]["median"] > 0
+
+
+@pytest.mark.vllm
 def test_spare_groups_quick(tmp_path):
     result = _run("spare_groups.py", tmp_path)
     rows = result["rows"]

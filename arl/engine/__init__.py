@@ -16,6 +16,7 @@ from arl.engine.base import (
     EngineError,
     Generation,
     InvalidPromptError,
+    LoRAAdapter,
     PromptTooLongError,
     SamplingParams,
 )
@@ -77,5 +78,5 @@ def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEng
 
 __all__ = [
     "BACKENDS", "BaseEngine", "Engine", "EngineClosedError", "EngineConfig", "EngineError",
-    "Generation", "InvalidPromptError", "PromptTooLongError", "SamplingParams", "make_engine",
+    "Generation", "InvalidPromptError", "LoRAAdapter", "PromptTooLongError", "SamplingParams", "make_engine",
 ]

@@ -8,7 +8,10 @@ Errors are typed so the rollout boundary can turn them into data.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import attrs
@@ -67,6 +70,56 @@ class Generation:
     policy_version: int = 0
 
 
+ADAPTER_CONFIG = "adapter_config.json"  # peft's file names: vLLM and `PeftModel.from_pretrained` read them
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+@attrs.frozen(eq=False)
+class LoRAAdapter:
+    """A LoRA adapter as peft writes it: ``config`` is adapter_config.json (``r``, ``lora_alpha``,
+    ``target_modules``, ...), ``tensors`` the peft state dict (``base_model.model.<module>.lora_A.weight``
+    and ``lora_B``). ``merged`` (optional) returns the full HF-named weights with the adapter folded
+    in: what a backend without a LoRA path loads instead (`BaseEngine._update_adapter`).
+    """
+
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    merged: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None
+
+    @property
+    def rank(self) -> int:
+        return int(self.config["r"])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of adapter weights a push moves."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the peft directory (adapter_config.json + adapter_model.safetensors) vLLM loads."""
+        from safetensors.torch import save_file
+
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: t.detach().to("cpu").contiguous() for k, t in self.tensors.items()}, path / ADAPTER_WEIGHTS)
+        (path / ADAPTER_CONFIG).write_text(json.dumps(self.config, indent=2, default=_json_default))
+        return path
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> LoRAAdapter:
+        """Read a peft adapter directory (e.g. an arl LoRA checkpoint); it carries no merged weights."""
+        from safetensors.torch import load_file
+
+        path = Path(directory)
+        return cls(json.loads((path / ADAPTER_CONFIG).read_text()), load_file(path / ADAPTER_WEIGHTS))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, set | frozenset | tuple):  # peft keeps target_modules as a set
+        return sorted(value) if isinstance(value, set | frozenset) else list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 @runtime_checkable
 class Engine(Protocol):
     tokenizer: PreTrainedTokenizerBase
@@ -77,6 +130,8 @@ class Engine(Protocol):
     ) -> Generation | list[Generation]: ...
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    async def update_adapter(self, adapter: LoRAAdapter | str | os.PathLike[str]) -> None: ...
 
     async def sleep(self) -> None: ...
 
@@ -89,7 +144,8 @@ class BaseEngine(abc.ABC):
     """Shared plumbing: prompt validation, closed state, policy version, `async with`.
 
     Backends implement `_generate_one(prompt_ids, params) -> Generation` (or override
-    `_generate_n`) and `_update_weights(named_tensors)`, `_close()`.
+    `_generate_n`) and `_update_weights(named_tensors)`, `_close()`; those with a LoRA path
+    override `_update_adapter(adapter)` (the default loads the adapter's merged weights).
     """
 
     name = "base"
@@ -116,6 +172,17 @@ class BaseEngine(abc.ABC):
         """Load new policy weights (HF parameter names) and bump `policy_version`."""
         self._check_open()
         await self._update_weights(named_tensors)
+        self.policy_version += 1
+
+    async def update_adapter(self, adapter: LoRAAdapter | str | os.PathLike[str]) -> None:
+        """Serve base weights + this LoRA adapter (a `LoRAAdapter` or a peft adapter directory) from
+        now on, and bump `policy_version`. Backends with a LoRA path move only the adapter; the
+        others load its merged weights. `update_weights` afterwards replaces the whole policy (the
+        adapter is dropped)."""
+        self._check_open()
+        if not isinstance(adapter, LoRAAdapter):
+            adapter = LoRAAdapter.load(adapter)
+        await self._update_adapter(adapter)
         self.policy_version += 1
 
     def cache_stats(self) -> dict[str, int] | None:
@@ -192,6 +259,15 @@ class BaseEngine(abc.ABC):
     @abc.abstractmethod
     async def _update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors into the backend's model."""
+
+    async def _update_adapter(self, adapter: LoRAAdapter) -> None:
+        """No LoRA path: load the merged weights (base + scale * B @ A) instead."""
+        if adapter.merged is None:
+            raise EngineError(
+                f"the {self.name} engine has no LoRA path here and this adapter carries no merged weights "
+                "(build the adapter from the trained model, or start the engine with LoRA enabled)"
+            )
+        await self._update_weights(adapter.merged())
 
     async def _close(self) -> None:
         return None

@@ -12,6 +12,10 @@ takes everything queued (up to `max_batch_size` sequences) and runs it as one le
 a dedicated single-thread executor; requests arriving meanwhile wait for the next batch. Weight
 updates go through the same executor under the same asyncio lock, so a batch never sees half-loaded
 weights and each Generation carries the policy version it was actually sampled with.
+
+LoRA: `update_adapter` injects the adapter's LoRA layers into the model with peft (once; later
+pushes only copy the A and B matrices), so the engine computes base + scale * B @ A exactly as the
+trainer's peft model does. `update_weights` then loads base weights and switches the adapter off.
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ from typing import Any
 import attrs
 import torch
 
-from arl.engine.base import BaseEngine, EngineClosedError, EngineError, Generation, SamplingParams
+from arl.engine.base import (
+    BaseEngine,
+    EngineClosedError,
+    EngineError,
+    Generation,
+    LoRAAdapter,
+    SamplingParams,
+)
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
@@ -117,6 +128,7 @@ class HFEngine(BaseEngine):
         self._worker: asyncio.Task | None = None
         self._wakeup: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None  # one batch or one weight update at a time
+        self._lora_config: dict[str, Any] | None = None  # the injected adapter's shape, once injected
 
     # -- facade ------------------------------------------------------------------------------------
     async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
@@ -150,6 +162,12 @@ class HFEngine(BaseEngine):
         # bumped policy_version (that happens right after we return, before the worker resumes).
         async with self._lock:
             await self._loop.run_in_executor(self._executor, self._load, tensors)
+
+    async def _update_adapter(self, adapter: LoRAAdapter) -> None:
+        self._ensure_worker()
+        assert self._lock is not None and self._loop is not None
+        async with self._lock:  # as for update_weights: between batches, before the version bump
+            await self._loop.run_in_executor(self._executor, self._load_adapter, adapter)
 
     async def _close(self) -> None:
         self._stopping = True
@@ -230,6 +248,8 @@ class HFEngine(BaseEngine):
         # keep_vars: the live Parameters, so tied weights (lm_head = embed_tokens) are one object and
         # copying into either name updates both.
         state = self.model.state_dict(keep_vars=True)
+        if self._lora_config is not None:  # peft moved each adapted weight under `<module>.base_layer.`
+            state.update({_hf_name(name): t for name, t in state.items() if ".base_layer." in name})
         unknown = [name for name, _ in tensors if name not in state]
         if unknown:
             raise EngineError(f"update_weights: {len(unknown)} name(s) not in the model: {unknown[:5]}")
@@ -247,6 +267,32 @@ class HFEngine(BaseEngine):
         with torch.no_grad():
             for name, tensor in tensors:
                 state[name].copy_(tensor)
+        if self._lora_config is not None:
+            _enable_adapters(self.model, False)
+
+    def _load_adapter(self, adapter: LoRAAdapter) -> None:
+        import dataclasses
+
+        from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+
+        shape = {k: sorted(v) if isinstance(v := adapter.config.get(k), list | set | tuple) else v
+                 for k in _LORA_SHAPE}
+        if self._lora_config is None:
+            known = {f.name for f in dataclasses.fields(LoraConfig)}
+            config = LoraConfig(**{k: v for k, v in adapter.config.items() if k in known})
+            inject_adapter_in_model(config, self.model, adapter_name="default")
+            self.model.eval()
+            self._lora_config = shape
+        elif shape != self._lora_config:
+            raise EngineError(f"update_adapter: this engine serves LoRA adapters shaped {self._lora_config}; "
+                              f"got {shape} (a new shape needs a new engine)")
+        # peft's file names are relative to a PeftModel (`base_model.model.` + the model's own names).
+        tensors = {k.removeprefix("base_model.model."): t for k, t in adapter.tensors.items()}
+        result = set_peft_model_state_dict(self.model, tensors, adapter_name="default")
+        if result.unexpected_keys:
+            raise EngineError(f"update_adapter: {len(result.unexpected_keys)} tensor(s) match no LoRA layer: "
+                              f"{result.unexpected_keys[:5]}")
+        _enable_adapters(self.model, True)
 
     @torch.inference_mode()
     def _run_batch(self, batch: list[_Request]) -> list[list[Generation]]:
@@ -327,6 +373,22 @@ class HFEngine(BaseEngine):
             tokens.append(tok)
             logprobs.append(float(lp[tok]))
         return tokens, logprobs
+
+
+_LORA_SHAPE = ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora", "fan_in_fan_out")
+
+
+def _hf_name(peft_name: str) -> str:
+    """``x.q_proj.base_layer.weight`` (a weight under an injected LoRA layer) -> ``x.q_proj.weight``."""
+    return peft_name.replace(".base_layer.", ".")
+
+
+def _enable_adapters(model: torch.nn.Module, enabled: bool) -> None:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer):
+            module.enable_adapters(enabled)
 
 
 def _top_k_top_p(x: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

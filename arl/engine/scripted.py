@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from arl.engine.base import BaseEngine, EngineError, FinishReason, Generation, SamplingParams
+from arl.engine.base import BaseEngine, EngineError, FinishReason, Generation, LoRAAdapter, SamplingParams
 
 if TYPE_CHECKING:
     from arl.engine import EngineConfig
@@ -96,6 +96,8 @@ class ScriptedEngine(BaseEngine):
         self.requests = 0  # served requests (failed ones included)
         self.weight_updates = 0
         self.tensors_received = 0
+        self.adapter_updates = 0  # LoRA pushes: counted, never applied (there is no model)
+        self.adapter_bytes_received = 0
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ScriptedEngine:
@@ -126,6 +128,11 @@ class ScriptedEngine(BaseEngine):
     async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         self.tensors_received += sum(1 for _ in named_tensors)
         self.weight_updates += 1
+
+    async def _update_adapter(self, adapter: LoRAAdapter) -> None:
+        self.tensors_received += len(adapter.tensors)
+        self.adapter_bytes_received += adapter.nbytes
+        self.adapter_updates += 1
 
     # -- helpers -----------------------------------------------------------------------------------
     def _rng(self, prompt: list[int], params: SamplingParams, tag: str | int) -> np.random.Generator:

@@ -9,6 +9,13 @@ requests, aborting those of cancelled callers) before every `step()`, and hands 
 `add_request` errors back with `loop.call_soon_threadsafe`. A lock serialises the driver's
 drain-and-step with weight reloads, prefix-cache resets and shutdown, which run in worker threads,
 never on the event loop.
+
+LoRA (an engine started with `lora_engine_args`): `update_adapter` writes the adapter into a
+directory of its own and registers it under a new LoRA id (one per policy version) at the same
+safe point between steps; every request added from then on carries that adapter. Requests already
+running finish on the adapter they started with (their Generation says so), and an old adapter is
+removed, directory and all, once its last request is done. vLLM keys its prefix cache by adapter,
+so each version has its own cached prefixes without a reset.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ from arl.engine.base import (
     EngineError,
     Generation,
     InvalidPromptError,
+    LoRAAdapter,
     SamplingParams,
 )
+from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
 
 _log = logging.getLogger(__name__)
 
@@ -179,7 +188,8 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     prompt_len: int
-    version: int  # the policy version when generate() was called
+    version: int  # the policy version when generate() was called (the adapter's, once it gets one)
+    adapter: ServedAdapter | None = None
 
 
 @attrs.define
@@ -237,6 +247,10 @@ class VLLMEngine(BaseEngine):
         self._pending: dict[str, _Pending] = {}  # requests added to the engine; driver-owned
         self._ids = itertools.count()
         self._dead: BaseException | None = None
+        self.lora_enabled = lora_enabled(self._engine)
+        self._adapters = AdapterStore()
+        self._adapter: ServedAdapter | None = None  # what new requests are served with; set under the lock
+        self._retired: list[ServedAdapter] = []  # replaced adapters, removed once idle (driver thread)
         self._thread = threading.Thread(target=self._drive, name="arl-vllm-driver", daemon=True)
         self._thread.start()
         with _LIVE_LOCK:
@@ -248,6 +262,8 @@ class VLLMEngine(BaseEngine):
             with self._lock:
                 try:
                     self._drain()  # new requests and aborts join before the next step
+                    if self._retired:
+                        self._remove_idle_adapters()
                     busy = self._engine.has_unfinished_requests()
                     outputs = self._engine.step() if busy else []
                 except BaseException as exc:  # the engine is broken: fail every waiter
@@ -273,8 +289,10 @@ class VLLMEngine(BaseEngine):
         for i, cmd in enumerate(cmds):
             try:
                 if isinstance(cmd, _Abort):
-                    if self._pending.pop(cmd.rid, None) is not None:  # added earlier, still running
+                    pending = self._pending.pop(cmd.rid, None)
+                    if pending is not None:  # added earlier, still running
                         self._abort(cmd.rid)
+                        _release(pending)
                     # else: finished already (its result is ignored) or dropped below
                 elif cmd.rid not in dropped:  # cancelled while still queued: never added
                     self._add(cmd)
@@ -292,17 +310,33 @@ class VLLMEngine(BaseEngine):
             _log.warning("vLLM failed to abort request %s", rid, exc_info=True)
 
     def _add(self, cmd: _Add) -> None:
+        adapter = self._adapter
+        lora = {"lora_request": adapter.request} if adapter is not None else {}
         try:
-            self._engine.add_request(cmd.rid, {"prompt_token_ids": cmd.prompt}, cmd.params)
+            self._engine.add_request(cmd.rid, {"prompt_token_ids": cmd.prompt}, cmd.params, **lora)
         except Exception as exc:  # this request only: its caller gets the error, the engine serves on
             _post(cmd.pending, _rejected(exc))
         else:
+            if adapter is not None:  # sampled by this adapter's policy, whatever generate() saw
+                adapter.in_flight += 1
+                cmd.pending.adapter, cmd.pending.version = adapter, adapter.version
             self._pending[cmd.rid] = cmd.pending
+
+    def _remove_idle_adapters(self) -> None:
+        """Unload replaced adapters no request runs on any more (driver thread, lock held)."""
+        for served in [a for a in self._retired if a.in_flight <= 0]:
+            self._retired.remove(served)
+            try:
+                self._engine.remove_lora(served.request.lora_int_id)
+            except Exception:  # it only costs memory until the engine closes
+                _log.warning("vLLM failed to remove LoRA adapter %s", served.request.lora_name, exc_info=True)
+            self._adapters.discard(served)
 
     def _resolve(self, out: Any) -> None:
         pending = self._pending.pop(out.request_id, None)
         if pending is None:  # aborted by a cancelled caller
             return
+        _release(pending)
         try:
             result: Any = to_generations(out, pending.prompt_len, pending.version)
         except EngineError as exc:
@@ -315,6 +349,7 @@ class VLLMEngine(BaseEngine):
         """Fail every added and every still-queued request (the driver is gone or going)."""
         pending, self._pending = self._pending, {}
         for p in pending.values():
+            _release(p)
             _post(p, exc)
         _fail_queued(self._inbox, exc)
 
@@ -358,6 +393,54 @@ class VLLMEngine(BaseEngine):
                 kwargs={"weights_iterator": iter(list(named_tensors)), "is_checkpoint_format": True},
             )
             self._engine.reset_prefix_cache()
+            self._serve(None)  # new weights are a new policy: an adapter trained on the old base is dropped
+
+    async def _update_adapter(self, adapter: LoRAAdapter) -> None:
+        if not self.lora_enabled:  # started without LoRA: the merged weights instead
+            await super()._update_adapter(adapter)
+            return
+        if self._dead is not None:
+            raise EngineError(f"vLLM engine is dead after an earlier failure: {self._dead!r}")
+        await asyncio.to_thread(self._push_adapter, adapter, self.policy_version + 1)
+
+    def _push_adapter(self, adapter: LoRAAdapter, version: int) -> None:
+        # The files are written while the engine steps on; only the registration waits for a safe point.
+        served = self._adapters.write(adapter, version)
+        try:
+            with self._lock:
+                if not self._engine.add_lora(served.request):
+                    raise EngineError(f"vLLM refused LoRA adapter {served.request.lora_name}")
+                self._serve(served)
+        except EngineError:
+            self._adapters.discard(served)
+            raise
+        except Exception as exc:
+            self._adapters.discard(served)
+            raise EngineError(f"vLLM could not load the LoRA adapter: {exc!r}") from exc
+        self._work.set()  # wake an idle driver to unload the replaced adapter
+
+    def _serve(self, served: ServedAdapter | None) -> None:
+        """Serve new requests with `served` (None: the base weights); retire the adapter it replaces."""
+        if self._adapter is not None:
+            self._retired.append(self._adapter)
+        self._adapter = served
+
+    async def loaded_adapters(self) -> set[int]:
+        """LoRA ids vLLM holds now (the current adapter's, and replaced ones still finishing requests)."""
+        self._check_open()
+        if not self.lora_enabled:
+            return set()
+
+        def ids() -> set[int]:
+            with self._lock:
+                return set(self._engine.list_loras())
+
+        return await asyncio.to_thread(ids)
+
+    @property
+    def adapter_version(self) -> int | None:
+        """The policy version of the adapter new requests get (None: the base weights)."""
+        return None if self._adapter is None else self._adapter.version
 
     def cache_stats(self) -> dict[str, int]:
         return {"prefix_cache_queries": self._cache.queries, "prefix_cache_hits": self._cache.hits}
@@ -380,6 +463,7 @@ class VLLMEngine(BaseEngine):
         with self._lock:
             self._fail_all(EngineError("engine closed while the request was running"))
             _shutdown_core(self._engine, last)
+        self._adapters.close()
 
 
 def _take_all(inbox: queue.SimpleQueue) -> list[Any]:
@@ -408,6 +492,13 @@ def _rejected(exc: Exception) -> EngineError:
         err = EngineError(f"vLLM rejected the request: {exc!r}")
     err.__cause__ = exc
     return err
+
+
+def _release(pending: _Pending) -> None:
+    """The request no longer runs on its adapter (driver thread, or after the driver stopped)."""
+    if pending.adapter is not None:
+        pending.adapter.in_flight -= 1
+        pending.adapter = None
 
 
 def _post(pending: _Pending, result: Any) -> None:

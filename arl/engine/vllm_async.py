@@ -20,6 +20,11 @@ Shape and why:
   untyped args do not survive vLLM's msgpack hop, bytes do, and a plain callable would need
   `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (pickle). `WeightSyncExtension` is mixed into vLLM's
   worker class (`worker_extension_cls`) and feeds the bytes to the worker's `reload_weights`.
+- LoRA (started with `lora_engine_args`): `update_adapter` writes the adapter's peft directory
+  (the child process reads it from disk) and registers it with `add_lora` under a new id per
+  policy version; new requests carry it, running ones finish on the one they started with, and a
+  replaced adapter is removed once its last request is done. All of that bookkeeping runs on the
+  engine loop, so it needs no lock.
 - `sleep()`/`wake()` stay the base no-ops: vLLM's sleep mode is CUDA-only (rejected on CPU), and
   for small models sleeping costs more than it saves (REFERENCE.md §5).
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import logging
 import threading
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
@@ -39,11 +45,14 @@ from arl.engine.base import (
     EngineError,
     Generation,
     InvalidPromptError,
+    LoRAAdapter,
     SamplingParams,
 )
 from arl.engine.vllm import configure_vllm_env, engine_kwargs, to_generations, to_vllm_params
+from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 EXTENSION = f"{__name__}.WeightSyncExtension"
 _SHUTDOWN_TIMEOUT_S = 30.0
@@ -161,6 +170,9 @@ class AsyncVLLMEngine(BaseEngine):
             raise
         cfg = self._llm.model_config
         super().__init__(self._llm.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
+        self.lora_enabled = lora_enabled(self._llm)
+        self._adapters = AdapterStore()
+        self._adapter: ServedAdapter | None = None  # read and written on the engine loop only
 
     @staticmethod
     async def _build(kw: dict[str, Any]) -> Any:
@@ -193,21 +205,26 @@ class AsyncVLLMEngine(BaseEngine):
         rid = f"arl-async-{next(self._ids)}"
         version = self.policy_version
         try:
-            out = await self.on_engine_loop(self._run(rid, prompt, vparams))
+            out, adapter_version = await self.on_engine_loop(self._run(rid, prompt, vparams))
         except EngineError:
             raise
         except Exception as exc:
             raise _translate(exc) from exc
-        return to_generations(out, len(prompt), version)
+        return to_generations(out, len(prompt), version if adapter_version is None else adapter_version)
 
-    async def _run(self, rid: str, prompt: list[int], vparams: Any) -> Any:
-        """On the engine loop: drive one request to its final output (FINAL_ONLY: one item)."""
+    async def _run(self, rid: str, prompt: list[int], vparams: Any) -> tuple[Any, int | None]:
+        """On the engine loop: drive one request to its final output (FINAL_ONLY: one item), on the
+        current adapter if there is one; returns the output and that adapter's policy version."""
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        adapter = self._adapter
+        lora = {"lora_request": adapter.request} if adapter is not None else {}
+        if adapter is not None:
+            adapter.in_flight += 1
         final = None
         try:
-            async for out in self._llm.generate({"prompt_token_ids": prompt}, vparams, rid):
+            async for out in self._llm.generate({"prompt_token_ids": prompt}, vparams, rid, **lora):
                 final = out
         except asyncio.CancelledError:
             if self._closing:  # cancelled by close(), not by the caller: report it as an error
@@ -215,9 +232,13 @@ class AsyncVLLMEngine(BaseEngine):
             raise
         finally:
             self._tasks.discard(task)
+            if adapter is not None:
+                adapter.in_flight -= 1
+                if adapter is not self._adapter and adapter.in_flight == 0 and not self._closing:
+                    await self._remove_adapter(adapter)
         if final is None or not final.finished:
             raise EngineError(f"vLLM ended request {rid} without a final output")
-        return final
+        return final, None if adapter is None else adapter.version
 
     # -- weights ----------------------------------------------------------------------------------
     async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
@@ -244,6 +265,47 @@ class AsyncVLLMEngine(BaseEngine):
         # Cached KV blocks were computed by the old weights. Returns False while running requests
         # hold blocks (those keep their stale prefix; new ones recompute).
         await self._llm.reset_prefix_cache()
+        await self._serve(None)  # new weights are a new policy: an adapter trained on the old base is dropped
+
+    # -- LoRA adapters ----------------------------------------------------------------------------
+    async def _update_adapter(self, adapter: LoRAAdapter) -> None:
+        if not self.lora_enabled:  # started without LoRA: the merged weights instead
+            await super()._update_adapter(adapter)
+            return
+        served = await asyncio.to_thread(self._adapters.write, adapter, self.policy_version + 1)
+        try:
+            await self.on_engine_loop(self._add_adapter(served))
+        except BaseException as exc:
+            self._adapters.discard(served)
+            if isinstance(exc, EngineError | asyncio.CancelledError):
+                raise
+            raise EngineError(f"vLLM could not load the LoRA adapter: {exc!r}") from exc
+
+    async def _add_adapter(self, served: ServedAdapter) -> None:
+        """On the engine loop: load `served` into the engine core, then serve new requests with it."""
+        if not await self._llm.add_lora(served.request):
+            raise EngineError(f"vLLM refused LoRA adapter {served.request.lora_name}")
+        await self._serve(served)
+
+    async def _serve(self, served: ServedAdapter | None) -> None:
+        """On the engine loop: new requests get `served` (None: the base weights); the replaced
+        adapter goes now if nothing runs on it, else when its last request ends (`_run`)."""
+        old, self._adapter = self._adapter, served
+        if old is not None and old.in_flight == 0:
+            await self._remove_adapter(old)
+
+    async def _remove_adapter(self, served: ServedAdapter) -> None:
+        try:
+            await self._llm.remove_lora(served.request.lora_int_id)
+        except Exception:  # it only costs memory until the engine closes
+            _log.warning("vLLM failed to remove LoRA adapter %s", served.request.lora_name, exc_info=True)
+        self._adapters.discard(served)
+
+    async def loaded_adapters(self) -> set[int]:
+        """LoRA ids the engine core holds now (the current adapter's, and replaced ones still
+        finishing requests)."""
+        self._check_open()
+        return set(await self.on_engine_loop(self._llm.list_loras())) if self.lora_enabled else set()
 
     async def reset_prefix_cache(self) -> bool:
         self._check_open()
@@ -260,6 +322,7 @@ class AsyncVLLMEngine(BaseEngine):
             shutdown.result(timeout=3 * _SHUTDOWN_TIMEOUT_S)
         finally:
             self._stop_loop()
+            self._adapters.close()
             if self._owns_tracker:
                 _stop_resource_tracker()
 

@@ -11,6 +11,10 @@ Layout of one checkpoint::
 So any checkpoint loads directly with `AutoModelForCausalLM.from_pretrained` or in vLLM, and
 `load_checkpoint` continues a run exactly (optimizer moments, LR schedule, every RNG stream).
 
+A LoRA run's checkpoint (the model is a peft model) holds the adapter instead of the weights:
+adapter_config.json + adapter_model.safetensors, loadable with `PeftModel.from_pretrained` and by
+vLLM as a `LoRARequest` on the directory; the config names the base it applies to.
+
 Atomicity: a checkpoint is written into a hidden temp directory in `run_dir`, its files fsynced,
 then renamed to its final name in one `os.replace`. A crash mid-write leaves at most a hidden
 `.tmp-ckpt_*` directory, which `list_checkpoints` never returns and the next save removes.
@@ -40,6 +44,7 @@ _CKPT_RE = re.compile(r"^ckpt_(\d+)$")
 _TMP_PREFIX = ".tmp-ckpt_"
 _WEIGHTS_FILE = "model.safetensors"
 _WEIGHTS_INDEX = "model.safetensors.index.json"
+_ADAPTER_FILE = "adapter_model.safetensors"  # a LoRA run's checkpoint (peft's name)
 
 
 def checkpoint_dir(run_dir: str | os.PathLike[str], step: int) -> Path:
@@ -50,8 +55,8 @@ def checkpoint_dir(run_dir: str | os.PathLike[str], step: int) -> Path:
 def _is_complete(path: Path) -> bool:
     # The rename makes a ckpt_* directory complete by construction; checking the files as well
     # keeps a hand-damaged directory from being picked up as the resume point.
-    return (path / STATE_FILE).is_file() and (
-        (path / _WEIGHTS_FILE).is_file() or (path / _WEIGHTS_INDEX).is_file()
+    return (path / STATE_FILE).is_file() and any(
+        (path / name).is_file() for name in (_WEIGHTS_FILE, _WEIGHTS_INDEX, _ADAPTER_FILE)
     )
 
 
@@ -248,6 +253,9 @@ def load_weights(ckpt_dir: str | os.PathLike[str], model: torch.nn.Module) -> No
     object as one that was loaded. Anything else missing or unexpected is an error.
     """
     ckpt_dir = Path(ckpt_dir)
+    if (ckpt_dir / _ADAPTER_FILE).is_file():
+        _load_adapter(ckpt_dir, model)
+        return
     tensors = _load_safetensors(ckpt_dir)
     result = model.load_state_dict(tensors, strict=False)
 
@@ -262,6 +270,21 @@ def load_weights(ckpt_dir: str | os.PathLike[str], model: torch.nn.Module) -> No
             f"checkpoint {ckpt_dir} does not match the model: missing {missing}, "
             f"unexpected {list(result.unexpected_keys)}"
         )
+
+
+def _load_adapter(ckpt_dir: Path, model: Any) -> None:
+    """A LoRA checkpoint's adapter into a peft model of the same shape (all of it, nothing else)."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    if not hasattr(model, "peft_config"):
+        raise RuntimeError(f"checkpoint {ckpt_dir} holds a LoRA adapter, the model has none (set lora.rank)")
+    tensors = load_file(ckpt_dir / _ADAPTER_FILE)
+    missing = sorted(set(get_peft_model_state_dict(model)) - set(tensors))
+    result = set_peft_model_state_dict(model, tensors)
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"checkpoint {ckpt_dir} does not match the model's adapter: missing {missing[:5]}, "
+                           f"unexpected {list(result.unexpected_keys)[:5]}")
 
 
 def load_checkpoint(

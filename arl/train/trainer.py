@@ -12,6 +12,8 @@ A run directory is never cleared implicitly: a fresh run into one that holds a r
 (`RunExistsError`) unless ``resume=True`` or ``config.overwrite`` says which (`run_dir.py`).
 The policy update itself (micro-batches, PPO-clip, KL, IS correction) is `update.py`; this
 module is the loop around it: set-up, rollout, advantages, weight push, evaluation, records.
+With ``lora.rank > 0`` the policy is a peft model and only its adapter is trained, pushed and
+checkpointed (`lora.py`).
 
 Everything is awaited on the caller's event loop (the CLI's `asyncio.run`, or a notebook's);
 the blocking torch work of an update runs in a worker thread so the loop stays responsive.
@@ -36,6 +38,7 @@ from arl.engine import make_engine
 from arl.models import resolve_model
 from arl.rollout import ManagerConfig, Sample, collate
 from arl.rollout.factory import close_manager, make_manager, make_scheduler
+from arl.train import lora
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from arl.train.logging import MetricsLogger, plot_learning_curve
 from arl.train.run_dir import check_fresh, load_reference, save_reference
@@ -72,6 +75,8 @@ class Trainer:
         self._prefetch: asyncio.Future | None = None  # overlapped mode: the next step's rollout in flight
         self.step_count = 0
         self.history: list[dict[str, float]] = []
+        self.lora = config.lora.rank > 0  # train a LoRA adapter instead of every weight
+        self.push_bytes = 0  # what the last weight push moved into the engine
         self._ready = False
 
     # -- set-up ------------------------------------------------------------------------------------
@@ -87,19 +92,27 @@ class Trainer:
         self.run_dir = c.run_dir
         if not self.resume:  # before anything is built: a refusal costs nothing
             check_fresh(self.run_dir, overwrite=c.overwrite)
+            lora.remove_base(self.run_dir)  # a base left by the run just refused or overwritten
         torch.manual_seed(c.seed)
         self.rng = np.random.default_rng(c.seed)
         if self.engine is None:
-            self.engine = make_engine(attrs.evolve(c.engine, model=c.model))
+            self.engine = make_engine(attrs.evolve(lora.engine_config(c), model=c.model))
         from transformers import AutoModelForCausalLM
 
         self.tokenizer = self.engine.tokenizer
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(resolve_model(c.model), dtype=torch.float32)
+        if c.optim.gradient_checkpointing:  # non-reentrant: correct with frozen inputs (LoRA) too
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.lora:
+            self.model = lora.wrap(self.model, c.lora)
         self.model.to(self.device).train()
-        self.ref_model = copy.deepcopy(self.model).eval() if c.algo.kl_coef > 0 else None
+        self.ref_model = None
+        if c.algo.kl_coef > 0:  # under LoRA the base itself (adapter off), else a frozen copy
+            self.ref_model = lora.AdapterDisabled(self.model) if self.lora else copy.deepcopy(self.model).eval()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=c.optim.lr, betas=tuple(c.optim.betas), weight_decay=c.optim.weight_decay
+            lora.trainable_parameters(self.model), lr=c.optim.lr, betas=tuple(c.optim.betas),
+            weight_decay=c.optim.weight_decay,
         )
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         if self.manager is None:
@@ -111,17 +124,21 @@ class Trainer:
         self.groups = make_scheduler(c.rollout, c.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         ckpt = latest_checkpoint(self.run_dir) if self.resume else None
+        new_base = False  # the engine's base weights are not the model it started from
         if ckpt is not None:
+            new_base = self.lora and lora.load_base(self.run_dir, self.model)  # the adapter applies to it
             state = load_checkpoint(ckpt, self.model, self.optimizer, self.lr_schedule)
             self.step_count = int(state["step"])
             extra = state.get("extra_state") or {}
             self.history = list(extra.get("history", []))
             self.rng.bit_generator.state = extra["rng"]
-            if self.ref_model is not None:
+            if self.ref_model is not None and not self.lora:
                 load_reference(self.run_dir, self.ref_model, warm_started=c.sft.steps > 0)
         # The engine must serve this policy: an injected engine may hold another run's weights, and a
         # resumed run's weights differ from the checkpoint the engine loaded (~10 ms for the tiny model).
-        await self.push_weights()
+        # Under LoRA the base goes too where it may differ from the engine's (an injected engine, a
+        # warm-started base), else only the adapter.
+        await self.push_weights(base=not self._owns_engine or new_base)
         self.logger = MetricsLogger(
             self.run_dir, tensorboard=c.tensorboard, resume_step=self.step_count if ckpt is not None else None
         )
@@ -166,6 +183,7 @@ class Trainer:
         t_update = time.perf_counter()
         await self.push_weights()
         t_push = time.perf_counter()
+        train_metrics["train/weight_push_bytes"] = float(self.push_bytes)
 
         self.step_count += 1
         metrics = dict(batch.metrics)
@@ -241,10 +259,22 @@ class Trainer:
         self.lr_schedule.step()
         return metrics
 
-    async def push_weights(self) -> None:
-        """New policy weights into the engine (which also resets its prefix cache)."""
-        state = [(name, t.detach()) for name, t in self.model.state_dict().items()]
-        await self.engine.update_weights(state)
+    async def push_weights(self, base: bool = False) -> None:
+        """New policy weights into the engine (which also resets its prefix cache). Under LoRA only
+        the adapter, after the base weights when ``base`` (the engine serves the adapter on them)."""
+        if not self.lora:
+            state = [(name, t.detach()) for name, t in self.model.state_dict().items()]
+            await self.engine.update_weights(state)
+            self.push_bytes = sum(t.numel() * t.element_size() for _, t in state)
+            return
+        pushed = 0
+        if base:
+            weights = lora.base_weights(self.model)
+            await self.engine.update_weights(weights)
+            pushed += sum(t.numel() * t.element_size() for _, t in weights)
+        adapter = lora.adapter_of(self.model)
+        await self.engine.update_adapter(adapter)
+        self.push_bytes = pushed + adapter.nbytes
 
     # -- evaluation --------------------------------------------------------------------------------
     def _eval_due(self) -> bool:
@@ -266,11 +296,16 @@ class Trainer:
         if self.step_count == 0 and self.config.sft.steps > 0:
             from arl.train.sft import format_warm_start
 
-            sft_metrics = await format_warm_start(self)
-            if self.ref_model is not None:  # the KL anchor is the policy RL starts from, not the random init
+            if self.lora:  # the warm-start trains the base (it stands in for a pretrained model)
+                with lora.base_training(self.model):
+                    sft_metrics = await format_warm_start(self)
+                lora.save_base(self.run_dir, self.model, self.tokenizer)  # also the KL anchor: base, adapter off
+            else:
+                sft_metrics = await format_warm_start(self)
+            if self.ref_model is not None and not self.lora:  # the KL anchor is the policy RL starts from
                 self.ref_model.load_state_dict(self.model.state_dict())
                 save_reference(self.run_dir, self.ref_model)
-            await self.push_weights()
+            await self.push_weights(base=self.lora)
             self._record_raw(0, sft_metrics)
         if self.step_count == 0 and self.config.eval.at_start:
             self._record_raw(0, await self.evaluate())

@@ -53,6 +53,7 @@ def policy_update(
         old = None if single_step else sequence_logprobs(model, batch, range(n), temperature, optim.micro_batch_size)
         ref = sequence_logprobs(ref_model, batch, range(n), temperature, optim.micro_batch_size) if ref_model else None
     mask = batch["response_mask"]
+    trained = [p for group in optimizer.param_groups for p in group["params"]]  # a LoRA run: the adapter only
     metrics: dict[str, list[float]] = {}
     skipped = 0
     for _ in range(optim.epochs):
@@ -78,7 +79,7 @@ def policy_update(
                 loss.backward()
                 for k, val in m.items():
                     metrics.setdefault(k, []).append(float(val))
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip or float("inf"))
+            grad_norm = torch.nn.utils.clip_grad_norm_(trained, optim.grad_clip or float("inf"))
             if not torch.isfinite(grad_norm):  # a NaN/inf update would poison the policy: skip it
                 log.error("skipping an update with non-finite gradient norm %s", float(grad_norm))
                 optimizer.zero_grad(set_to_none=True)

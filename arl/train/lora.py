@@ -1,0 +1,190 @@
+"""LoRA on the policy (``config.lora.rank > 0``): peft adapters in the trainer, only they go to the engine.
+
+    model = wrap(model, config.lora)           # base weights frozen, low-rank A and B trainable
+    await engine.update_adapter(adapter_of(model))   # megabytes, not the model
+
+What changes against full fine-tuning, and why:
+
+- The KL reference is the base model with the adapter switched off (`AdapterDisabled`): the same
+  weights, no second copy of the model.
+- A format warm-start (`sft.steps`) trains the *base* weights (`base_training`): it stands in for
+  the pretrained checkpoint a real run starts from (the tiny model is random-init), and it makes
+  the KL anchor the warm-started policy, as without LoRA. Its result is saved once per run as a
+  plain HF model directory (`save_base`, ``run_dir/base/``), which the checkpoints' adapters name
+  as their base, so a checkpoint loads with `PeftModel.from_pretrained` and in vLLM.
+- Checkpoints hold the adapter (peft's adapter_config.json + adapter_model.safetensors) and the
+  optimizer state of the adapter's parameters only.
+- Engines without a LoRA path get the merged weights (`merged_weights`: W + alpha/r * B @ A).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from arl.engine.base import LoRAAdapter
+
+BASE_DIR = "base"  # run_dir/base: the warm-started base weights the adapters apply to
+ADAPTER_NAME = "default"  # peft's name for the one adapter
+
+
+def wrap(model: Any, lora: Any) -> Any:
+    """A peft `PeftModelForCausalLM` around ``model``: LoRA layers on ``lora.target_modules``, B = 0 (the
+    wrapped model computes what ``model`` did), every base weight frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, config, adapter_name=ADAPTER_NAME)
+
+
+def engine_config(config: Any) -> Any:
+    """``config.engine``, started so that it serves LoRA adapters when the run trains one (vLLM must
+    be told at start-up; its ``engine.extra`` settings win). Other backends need nothing."""
+    if config.lora.rank <= 0 or config.engine.backend not in ("vllm", "vllm-async"):
+        return config.engine
+    from arl.engine.vllm_lora import lora_engine_args
+
+    extra = {**lora_engine_args(config.lora.rank), **config.engine.extra}
+    return attrs.evolve(config.engine, extra=extra)
+
+
+# -------------------------------------------------------------------------------- weights by name
+
+
+def _base_parameters(model: Any) -> dict[str, torch.Tensor]:
+    """HF name -> live base tensor of a peft model (``x.q_proj.base_layer.weight`` is ``x.q_proj.weight``
+    in the model's own checkpoint names)."""
+    inner = model.get_base_model()
+    return {name.replace(".base_layer.", "."): t for name, t in inner.state_dict(keep_vars=True).items()
+            if ".lora_" not in name}
+
+
+def base_weights(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """The base weights under the adapter, by HF name (what `update_weights` and vLLM take)."""
+    return [(name, t.detach()) for name, t in _base_parameters(model).items()]
+
+
+@torch.no_grad()
+def merged_weights(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """Base weights with the adapter folded in (W + alpha/r * B @ A), by HF name, without touching
+    the model: for engines that have no LoRA path."""
+    from peft.tuners.lora import LoraLayer
+
+    inner = model.get_base_model()
+    delta = {f"{name}.weight": module.get_delta_weight(ADAPTER_NAME)
+             for name, module in inner.named_modules() if isinstance(module, LoraLayer)}
+    return [(name, t + delta[name] if name in delta else t) for name, t in base_weights(model)]
+
+
+def adapter_of(model: Any) -> LoRAAdapter:
+    """The current adapter as a `LoRAAdapter` (peft names and config; tensors copied, so the engine
+    may read them while training goes on). Its merged weights are computed from the model when an
+    engine asks for them, which is during the push."""
+    from peft import get_peft_model_state_dict
+
+    tensors = {k: t.detach().clone() for k, t in get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME).items()}
+    config = model.peft_config[ADAPTER_NAME].to_dict()
+    return LoRAAdapter(config, tensors, merged=lambda: merged_weights(model))
+
+
+def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
+    """What the optimizer steps (the adapter's A and B under LoRA), in a fixed order for resume."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+# ------------------------------------------------------------------------- KL reference, warm-start
+
+
+class AdapterDisabled:
+    """The base model inside a peft model, callable like a model: the KL reference without a copy.
+
+    Every call switches the adapter off for its duration; the trainer calls it only from the update
+    thread, which is the only one using the model then.
+    """
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def __call__(self, **inputs: Any) -> Any:
+        with self.model.disable_adapter():
+            return self.model(**inputs)
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.model.parameters()
+
+
+@contextmanager
+def base_training(model: Any) -> Iterator[None]:
+    """Within: the adapter is off and the base weights are trainable (the format warm-start trains
+    them; an optimizer over all parameters then moves only the base, as the adapter gets no gradient)."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    with model.disable_adapter():
+        for p in frozen:
+            p.requires_grad_(True)
+        try:
+            yield
+        finally:
+            for p in frozen:  # and no warm-start gradient is left on them to leak into RL's grad norm
+                p.requires_grad_(False)
+                p.grad = None
+
+
+# ------------------------------------------------------------------------------ the base directory
+
+
+def save_base(run_dir: str | os.PathLike[str], model: Any, tokenizer: Any = None) -> Path:
+    """Write the base weights as an HF model directory ``run_dir/base`` (atomically) and make it the
+    base the adapter's config names, so saved adapters load on it in peft and vLLM."""
+    final = Path(run_dir) / BASE_DIR
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{BASE_DIR}-", dir=run_dir))
+    try:
+        model.get_base_model().save_pretrained(tmp, state_dict=dict(base_weights(model)))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    model.peft_config[ADAPTER_NAME].base_model_name_or_path = str(final.resolve())
+    return final
+
+
+def load_base(run_dir: str | os.PathLike[str], model: Any) -> bool:
+    """Copy ``run_dir/base``'s weights into the model's base (a resumed run after a warm-start);
+    False when the run has none (its base is the initial model)."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(run_dir) / BASE_DIR
+    if not (path / "config.json").is_file():
+        return False
+    saved = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+    live = _base_parameters(model)
+    if set(saved) != set(live):
+        raise RuntimeError(f"{path} does not match the model: {sorted(set(saved) ^ set(live))[:5]}")
+    with torch.no_grad():
+        for name, t in live.items():
+            t.copy_(saved[name])
+    model.peft_config[ADAPTER_NAME].base_model_name_or_path = str(path.resolve())
+    return True
+
+
+def remove_base(run_dir: str | os.PathLike[str]) -> None:
+    """A fresh run's leftover ``run_dir/base`` (the run it belonged to was overwritten)."""
+    shutil.rmtree(Path(run_dir) / BASE_DIR, ignore_errors=True)
+
+
+__all__ = [
+    "AdapterDisabled", "adapter_of", "base_training", "base_weights", "engine_config", "load_base",
+    "merged_weights", "remove_base", "save_base", "trainable_parameters", "wrap",
+]
