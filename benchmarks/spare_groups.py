@@ -51,7 +51,12 @@ async def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     with tempfile.TemporaryDirectory() as out:
         config = load_config(args.config, [*RUN_OVERRIDES, *args.overrides, f"out_dir={out}", "name=spares"])
         async with Trainer(config, resume=False) as trainer:
-            await trainer.setup()  # the format warm-start: the policy a demo step starts from
+            await trainer.setup()
+            if config.sft.steps > 0:  # the format warm-start: the policy a demo step starts from
+                from arl.train.sft import format_warm_start
+
+                await format_warm_start(trainer)
+                await trainer.push_weights()
             g = config.rollout.num_groups
             for r in range(args.repeats):
                 order = args.spares[r % len(args.spares):] + args.spares[: r % len(args.spares)]
