@@ -6,6 +6,7 @@ one engine serves every test's event loop. Async tests use anyio's pytest plugin
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -78,3 +79,18 @@ def scripted_engine(tiny_path):
     engine = make_engine(backend="scripted", model="tiny")
     yield engine
     _close(engine)
+
+
+@pytest.fixture(autouse=True)
+def _drop_cli_log_handlers():
+    """Tests that call `arl.cli.main` in process get the CLI's console handler on the root logger,
+    bound to that test's captured stderr; pytest closes that stream after the test, and any later
+    warning would then print a "Logging error" into another test's output. Remove them after each
+    test, as a fresh process would not have them."""
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "_arl_cli", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    logging.captureWarnings(False)
+
