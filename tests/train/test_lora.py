@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from trainer_support import params_of, scripted, small_config
+from trainer_support import params_of, scripted, small_config, step_gradients
 
 from arl.train import Trainer, lora
 
@@ -118,14 +118,7 @@ async def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
         async with Trainer(config, engine=scripted(config)) as trainer:
             await trainer.setup()
             assert trainer.model.is_gradient_checkpointing is ckpt
-            captured: dict[str, torch.Tensor] = {}
-
-            def capture(model=trainer.model, into=captured) -> None:  # instead of an optimizer step
-                into.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-
-            trainer.optimizer.step = capture
-            await trainer.step()
-            grads.append(captured)
+            grads.append(await step_gradients(trainer))
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from trainer_support import params_of, scripted, small_config
+from trainer_support import params_of, scripted, small_config, step_gradients
 
 from arl.config import ConfigError, load_config
 from arl.engine import SamplingParams
@@ -62,14 +62,7 @@ async def test_micro_batches_accumulate_to_the_full_batch_update(tmp_path):
         config = small_config(tmp_path / micro, f"optim.micro_batch_size={micro}", "steps=1", "optim.grad_clip=null")
         async with Trainer(config, engine=scripted(config)) as trainer:
             await trainer.setup()
-            captured: dict[str, torch.Tensor] = {}
-
-            def capture(model=trainer.model, into=captured) -> None:  # instead of an optimizer step
-                into.update({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-
-            trainer.optimizer.step = capture
-            await trainer.step()
-            grads.append(captured)
+            grads.append(await step_gradients(trainer))
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-7)

@@ -25,3 +25,17 @@ def scripted(config):
 
 def params_of(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+async def step_gradients(trainer) -> dict[str, torch.Tensor]:
+    """One `trainer.step()` with the optimizer step replaced by a copy of every parameter's
+    gradient: what the update would have applied, the parameters left as they were."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def capture() -> None:
+        captured.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+
+    trainer.optimizer.step = capture
+    await trainer.step()
+    return captured
+
