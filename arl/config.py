@@ -54,6 +54,9 @@ class AlgoConfig:
     is_level: str = attrs.field(default="token", validator=_choice("token", "sequence"))
 
 
+PRECISIONS = ("fp32", "bf16")  # optim.precision
+
+
 @attrs.define
 class OptimConfig:
     lr: float = attrs.field(default=1e-4, validator=v.gt(0))
@@ -68,6 +71,12 @@ class OptimConfig:
     # Recompute each layer's activations in the backward pass instead of keeping them: activation
     # memory of one layer instead of all, for ~1/3 more compute (for large models on one GPU).
     gradient_checkpointing: bool = False
+    # The policy's precision (arl/train/precision.py). "bf16": bf16 compute, fp32 only for what is
+    # trained: under LoRA the frozen base is stored in bf16 and the adapter (weights, gradients, AdamW
+    # moments) in fp32; full fine-tuning keeps fp32 weights as the master copy and runs the
+    # forward/backward under bf16 autocast. Log-probs are fp32 from the logits, checkpoints fp32. On a
+    # GPU pair it with a bf16 engine (engine.dtype: bfloat16); "fp32" (CPU, exactness tests) with fp32.
+    precision: str = attrs.field(default="fp32", validator=_choice(*PRECISIONS))
 
 
 @attrs.define

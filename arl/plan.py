@@ -447,6 +447,9 @@ def plan_memory(shape: ModelShape, train: TrainSetting, engine: EngineSetting | 
     (sqrt of exp_avg_sq) for the whole list, the CPU's per-tensor AdamW one for the largest tensor;
     an fp32 master copy needs its gradients in fp32 too (4P, cast from the bf16 ones); the last
     micro-batch's logits are still alive during the step (arl's loss loop holds them).
+    arl's trainer (``optim.precision: bf16``) realises "full bf16 + fp32 master" as fp32 weights under
+    bf16 autocast: the bf16 weight copies live only through the forward/backward, beside fp32
+    gradients (2P more than counted here then), and the optimizer step casts no gradients (4P less).
     Engine: weights in its dtype, KV cache for concurrency x context tokens, LoRA slots (max_loras
     adapters of the plan's rank in the engine dtype), and the stated overhead.
 

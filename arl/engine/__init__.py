@@ -32,7 +32,7 @@ class EngineConfig:
     model: str = "tiny"
     max_model_len: int = 2048
     seed: int = 0
-    dtype: str = "float32"
+    dtype: str = "float32"  # "bfloat16" on a GPU, beside a bf16 policy (optim.precision: bf16)
     kv_cache_memory_bytes: int | None = 256 * 2**20
     max_num_seqs: int = 256
     gpu_memory_utilization: float | None = None

@@ -15,6 +15,10 @@ What changes against full fine-tuning, and why:
 - Checkpoints hold the adapter (peft's adapter_config.json + adapter_model.safetensors) and the
   optimizer state of the adapter's parameters only.
 - Engines without a LoRA path get the merged weights (`merged_weights`: W + alpha/r * B @ A).
+- ``optim.precision: bf16`` (`arl.train.precision`): the base is stored in bf16 and has no fp32
+  copy; the adapter stays fp32 (the only fp32 master copy: it is all the optimizer steps). A format
+  warm-start then steps the bf16 base itself (a stand-in for a pretrained checkpoint, which real
+  runs start from instead).
 """
 
 from __future__ import annotations
@@ -38,12 +42,13 @@ ADAPTER_NAME = "default"  # peft's name for the one adapter
 
 def wrap(model: Any, lora: Any) -> Any:
     """A peft `PeftModelForCausalLM` around ``model``: LoRA layers on ``lora.target_modules``, B = 0 (the
-    wrapped model computes what ``model`` did), every base weight frozen."""
+    wrapped model computes what ``model`` did), every base weight frozen. The adapter is fp32 whatever
+    the base's dtype (a bf16 base: peft upcasts its input for the adapter and casts the sum back)."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, config, adapter_name=ADAPTER_NAME)
+    return get_peft_model(model, config, adapter_name=ADAPTER_NAME, autocast_adapter_dtype=True)
 
 
 def engine_config(config: Any) -> Any:

@@ -27,6 +27,7 @@ from arl.engine.scripted import ScriptedEngine
 from arl.envs.tools import TOOL_NAME
 from arl.rollout import GroupScheduler, collate
 from arl.rollout.factory import close_manager
+from arl.train.precision import forward_precision
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,11 @@ def _sft_update(model: Any, optimizer: Any, samples: list, trainer: Any, c: Any)
         rows = slice(start, start + c.sft.micro_batch_size)
         width = int(batch["attention_mask"][rows].sum(dim=1).max())
         ids = batch["input_ids"][rows, :width]
-        logits = model(
-            input_ids=ids, attention_mask=batch["attention_mask"][rows, :width],
-            position_ids=batch["position_ids"][rows, :width],
-        ).logits
+        with forward_precision(model, c.optim.precision):  # as the RL update computes
+            logits = model(
+                input_ids=ids, attention_mask=batch["attention_mask"][rows, :width],
+                position_ids=batch["position_ids"][rows, :width],
+            ).logits
         # position t predicts token t+1; a response token at t+1 is a target
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         loss = -(logp * mask[rows, 1:width]).sum() / total

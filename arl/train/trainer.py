@@ -13,7 +13,8 @@ A run directory is never cleared implicitly: a fresh run into one that holds a r
 The policy update itself (micro-batches, PPO-clip, KL, IS correction) is `update.py`; this
 module is the loop around it: set-up, rollout, advantages, weight push, evaluation, records.
 With ``lora.rank > 0`` the policy is a peft model and only its adapter is trained, pushed and
-checkpointed (`lora.py`).
+checkpointed (`lora.py`). ``optim.precision: bf16`` stores LoRA's frozen base in bf16 and runs full
+fine-tuning under bf16 autocast on fp32 master weights (`precision.py`).
 
 Everything is awaited on the caller's event loop (the CLI's `asyncio.run`, or a notebook's);
 the blocking torch work of an update runs in a worker thread so the loop stays responsive.
@@ -41,6 +42,7 @@ from arl.rollout.factory import close_manager, make_manager, make_scheduler
 from arl.train import lora
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from arl.train.logging import MetricsLogger, plot_learning_curve
+from arl.train.precision import weights_dtype
 from arl.train.run_dir import check_fresh, load_reference, save_reference
 from arl.train.update import policy_update
 
@@ -101,14 +103,17 @@ class Trainer:
 
         self.tokenizer = self.engine.tokenizer
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(resolve_model(c.model), dtype=torch.float32)
+        # bf16 + LoRA: the frozen base in bf16, no fp32 copy (wrap() keeps the adapter fp32); else fp32
+        # weights, which under bf16 are the master copy the forward autocasts (update.py).
+        dtype = weights_dtype(c.optim.precision, lora=self.lora)
+        self.model = AutoModelForCausalLM.from_pretrained(resolve_model(c.model), dtype=dtype)
         if c.optim.gradient_checkpointing:  # non-reentrant: correct with frozen inputs (LoRA) too
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
             self.model = lora.wrap(self.model, c.lora)
         self.model.to(self.device).train()
         self.ref_model = None
-        if c.algo.kl_coef > 0:  # under LoRA the base itself (adapter off), else a frozen copy
+        if c.algo.kl_coef > 0:  # under LoRA the base itself (adapter off), else a frozen copy; same precision
             self.ref_model = lora.AdapterDisabled(self.model) if self.lora else copy.deepcopy(self.model).eval()
         self.optimizer = torch.optim.AdamW(
             lora.trainable_parameters(self.model), lr=c.optim.lr, betas=tuple(c.optim.betas),

@@ -10,7 +10,8 @@ mini-batch is one optimizer step, its gradient accumulated over micro-batches of
 `arl.algo.policy_loss` (PPO-clip, k3 KL to ``ref_model``, entropy bonus, truncated importance
 weight between the trainer's and the engine's log-probs), normalised over the whole mini-batch
 (`loss_normalizers`) so accumulation equals one big batch. A step with a non-finite gradient norm
-is skipped, not applied.
+is skipped, not applied. Every forward pass runs in ``optim.precision`` (`arl.train.precision`: bf16
+autocast for full fine-tuning; the log-probs are fp32 from the logits in every precision).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from arl.algo import entropy_from_logits, loss_normalizers, policy_loss, token_logprobs
+from arl.train.precision import forward_precision
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +51,12 @@ def policy_update(
     # With one optimizer step per rollout they equal the current ones (ratio == 1, plain policy
     # gradient), so the extra forward pass is skipped and each micro-batch detaches its own.
     single_step = optim.mini_batches == 1 and optim.epochs == 1
+    precision = optim.precision
     with torch.no_grad():
-        old = None if single_step else sequence_logprobs(model, batch, range(n), temperature, optim.micro_batch_size)
-        ref = sequence_logprobs(ref_model, batch, range(n), temperature, optim.micro_batch_size) if ref_model else None
+        old = None if single_step else sequence_logprobs(model, batch, range(n), temperature, optim.micro_batch_size,
+                                                          precision=precision)
+        ref = (sequence_logprobs(ref_model, batch, range(n), temperature, optim.micro_batch_size, precision=precision)
+               if ref_model else None)
     mask = batch["response_mask"]
     trained = [p for group in optimizer.param_groups for p in group["params"]]  # a LoRA run: the adapter only
     metrics: dict[str, list[float]] = {}
@@ -63,8 +68,9 @@ def policy_update(
             for start in range(0, len(mini), optim.micro_batch_size):
                 idx = mini[start : start + optim.micro_batch_size]
                 rows = rows_of(batch, idx, device)
-                logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
-                               position_ids=rows["position_ids"]).logits
+                with forward_precision(model, precision):  # the backward needs no context
+                    logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                                   position_ids=rows["position_ids"]).logits
                 logp = token_logprobs(logits, rows["input_ids"], temperature)
                 entropy = entropy_from_logits(logits, temperature) if algo.entropy_coef > 0 else None
                 width = logp.shape[1]
@@ -94,16 +100,17 @@ def policy_update(
 
 
 def sequence_logprobs(model: Any, batch: dict[str, Any], indices: Any, temperature: float,
-                      micro_batch_size: int) -> torch.Tensor:
-    """Log-probs of every token of rows ``indices`` under ``model``, micro-batch by micro-batch,
-    as a (B, L) CPU tensor aligned with the batch (zeros elsewhere)."""
+                      micro_batch_size: int, *, precision: str = "fp32") -> torch.Tensor:
+    """Log-probs of every token of rows ``indices`` under ``model`` (forward in ``precision``),
+    micro-batch by micro-batch, as a (B, L) fp32 CPU tensor aligned with the batch (zeros elsewhere)."""
     device = next(model.parameters()).device
     idx = np.fromiter(indices, dtype=np.int64)
     out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
     for start in range(0, len(idx), micro_batch_size):
         rows = rows_of(batch, idx[start : start + micro_batch_size], device)
-        logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
-                       position_ids=rows["position_ids"]).logits
+        with forward_precision(model, precision):
+            logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                           position_ids=rows["position_ids"]).logits
         lp = token_logprobs(logits, rows["input_ids"], temperature)
         out[idx[start : start + len(lp)], : lp.shape[1]] = lp.cpu()
     return out

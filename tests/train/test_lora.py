@@ -7,7 +7,14 @@ import json
 
 import pytest
 import torch
-from trainer_support import params_of, scripted, small_config, step_gradients
+from trainer_support import (
+    metrics_rows,
+    params_of,
+    scripted,
+    small_config,
+    step_gradients,
+    uninterrupted_then_killed,
+)
 
 from arl.train import Trainer, lora
 
@@ -71,15 +78,7 @@ async def test_lora_resume_matches_an_uninterrupted_run_and_loads_in_peft(tmp_pa
     """Warm-started base, KL to it, LoRA on top: a run killed after step 1 and resumed ends bitwise
     where the uninterrupted run ends; its checkpoint is a peft adapter on run_dir/base."""
     extra = ("lora.rank=8", "steps=3", "save_every=1", "sft.steps=1", "sft.batch_episodes=4", "algo.kl_coef=0.5")
-    full = small_config(tmp_path / "full", *extra)
-    async with Trainer(full, engine=scripted(full)) as trainer:
-        await trainer.train()
-        want = params_of(trainer.model)
-
-    part = small_config(tmp_path / "part", *extra)
-    killed = small_config(tmp_path / "part", *extra, "steps=1")
-    async with Trainer(killed, engine=scripted(killed)) as trainer:
-        await trainer.train()
+    want, part = await uninterrupted_then_killed(tmp_path, *extra)
     engine = scripted(part)
     async with Trainer(part, engine=engine) as trainer:
         await trainer.train(resume=True)
@@ -91,12 +90,7 @@ async def test_lora_resume_matches_an_uninterrupted_run_and_loads_in_peft(tmp_pa
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
 
-    def rows(run):
-        lines = (run / "t" / "metrics.jsonl").read_text().splitlines()
-        return [{k: v for k, v in json.loads(line).items() if not k.startswith(("timing/", "eval/"))}
-                for line in lines]  # the killed run also evaluated at its last step
-
-    assert rows(tmp_path / "part") == rows(tmp_path / "full")
+    assert metrics_rows(tmp_path / "part" / "t") == metrics_rows(tmp_path / "full" / "t")
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from arl.config import load_config
 from arl.engine import make_engine
+from arl.train import Trainer
 
 
 def small_config(tmp_path, *overrides: str):
@@ -38,4 +41,25 @@ async def step_gradients(trainer) -> dict[str, torch.Tensor]:
     trainer.optimizer.step = capture
     await trainer.step()
     return captured
+
+
+async def uninterrupted_then_killed(tmp_path, *overrides: str, killed_after: int = 1):
+    """The exact-resume set-up: `overrides` trained to the end in tmp_path/full, and the same run
+    in tmp_path/part killed after `killed_after` steps. Returns (the full run's final parameters,
+    the config that resumes the killed one)."""
+    full = small_config(tmp_path / "full", *overrides)
+    async with Trainer(full, engine=scripted(full)) as trainer:
+        await trainer.train()
+        want = params_of(trainer.model)
+    killed = small_config(tmp_path / "part", *overrides, f"steps={killed_after}")
+    async with Trainer(killed, engine=scripted(killed)) as trainer:
+        await trainer.train()
+    return want, small_config(tmp_path / "part", *overrides)
+
+
+def metrics_rows(run_dir) -> list[dict]:
+    """A run's metrics.jsonl rows without timings and evaluations (a killed run also evaluated at
+    its last step), for comparing a resumed run with an uninterrupted one."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(("timing/", "eval/"))} for line in lines]
 
