@@ -212,6 +212,7 @@ ADDED_KEYS = {
     "sft.teacher": "auto",  # answers for text agents: the only teacher before
     "rollout.spare_groups": 0,  # no over-provisioning
     "optim.gradient_checkpointing": False,  # activations kept, as before
+    "optim.precision": "fp32",  # the only precision before
     "lora": {"rank": 0, "alpha": 16.0, "dropout": 0.0,  # every weight trained: LoRA's section off
              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
 }
