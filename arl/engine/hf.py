@@ -39,6 +39,7 @@ from arl.engine.base import (
     LoRAAdapter,
     SamplingParams,
 )
+from arl.engine.handoff import settle
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
@@ -210,10 +211,10 @@ class HFEngine(BaseEngine):
                 except Exception as exc:  # the batch is lost, the worker keeps serving
                     err = exc if isinstance(exc, EngineError) else EngineError(f"hf batch failed: {exc!r}")
                     for req in batch:
-                        _settle(req.future, err)
+                        settle(req.future, err)
                     continue
             for req, gens in zip(batch, results, strict=True):
-                _settle(req.future, [attrs.evolve(g, policy_version=version) for g in gens])
+                settle(req.future, [attrs.evolve(g, policy_version=version) for g in gens])
 
     def _take_batch(self) -> list[_Request]:
         """Queued requests, oldest first, up to max_batch_size sequences (at least one request)."""
@@ -239,9 +240,9 @@ class HFEngine(BaseEngine):
             req = self._queue.popleft()
             loop = req.future.get_loop()
             if loop is running:
-                _settle(req.future, exc)
+                settle(req.future, exc)
             elif not loop.is_closed():
-                loop.call_soon_threadsafe(_settle, req.future, exc)
+                loop.call_soon_threadsafe(settle, req.future, exc)
 
     # -- executor thread ---------------------------------------------------------------------------
     def _load(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
@@ -411,10 +412,3 @@ def _top_k_top_p(x: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return x
 
 
-def _settle(future: asyncio.Future, result: Any) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)

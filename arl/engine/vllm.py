@@ -30,8 +30,6 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-import attrs
-
 from arl.engine.base import (
     BaseEngine,
     EngineError,
@@ -40,6 +38,7 @@ from arl.engine.base import (
     LoRAAdapter,
     SamplingParams,
 )
+from arl.engine.handoff import Abort, Add, Pending, fail_queued, post, release, take_all
 from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
 
 _log = logging.getLogger(__name__)
@@ -183,32 +182,6 @@ class _CacheCounter:
         return _Logger(vllm_config, engine_index)
 
 
-@attrs.define
-class _Pending:
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    prompt_len: int
-    version: int  # the policy version when generate() was called (the adapter's, once it gets one)
-    adapter: ServedAdapter | None = None
-
-
-@attrs.define
-class _Add:
-    """A new request, queued by the event loop for the driver to add."""
-
-    rid: str
-    prompt: list[int]
-    params: Any  # vllm.SamplingParams
-    pending: _Pending
-
-
-@attrs.define
-class _Abort:
-    """The caller of `rid` was cancelled: abort it if added, drop it if still queued."""
-
-    rid: str
-
-
 class VLLMEngine(BaseEngine):
     """vLLM `LLMEngine` fully in-process, continuously batching every concurrent `generate()`."""
 
@@ -241,10 +214,10 @@ class VLLMEngine(BaseEngine):
         # Every call into LLMEngine holds this lock. The event loop never takes it: the driver's
         # drain-and-step, weight reloads, prefix-cache resets and shutdown do (all off the loop).
         self._lock = threading.Lock()
-        self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()  # loop -> driver
+        self._inbox: queue.SimpleQueue[Add | Abort] = queue.SimpleQueue()  # loop -> driver
         self._work = threading.Event()  # set after every put on the inbox, and on shutdown
         self._stop = False
-        self._pending: dict[str, _Pending] = {}  # requests added to the engine; driver-owned
+        self._pending: dict[str, Pending] = {}  # requests added to the engine; driver-owned
         self._ids = itertools.count()
         self._dead: BaseException | None = None
         self.lora_enabled = lora_enabled(self._engine)
@@ -282,25 +255,25 @@ class VLLMEngine(BaseEngine):
 
     def _drain(self) -> None:
         """Apply everything the event loop queued (driver thread, lock held)."""
-        cmds = _take_all(self._inbox)
+        cmds = take_all(self._inbox)
         if not cmds:
             return
-        dropped = {c.rid for c in cmds if isinstance(c, _Abort)}
+        dropped = {c.rid for c in cmds if isinstance(c, Abort)}
         for i, cmd in enumerate(cmds):
             try:
-                if isinstance(cmd, _Abort):
+                if isinstance(cmd, Abort):
                     pending = self._pending.pop(cmd.rid, None)
                     if pending is not None:  # added earlier, still running
                         self._abort(cmd.rid)
-                        _release(pending)
+                        release(pending)
                     # else: finished already (its result is ignored) or dropped below
                 elif cmd.rid not in dropped:  # cancelled while still queued: never added
                     self._add(cmd)
             except BaseException as exc:  # the driver dies: these were taken off the inbox already
                 err = EngineError(f"vLLM engine failed: {exc!r}")
                 for rest in cmds[i:]:
-                    if isinstance(rest, _Add) and rest.rid not in self._pending:
-                        _post(rest.pending, err)
+                    if isinstance(rest, Add) and rest.rid not in self._pending:
+                        post(rest.pending, err)
                 raise
 
     def _abort(self, rid: str) -> None:
@@ -309,13 +282,13 @@ class VLLMEngine(BaseEngine):
         except Exception:  # its output is ignored anyway; it runs on until it finishes at worst
             _log.warning("vLLM failed to abort request %s", rid, exc_info=True)
 
-    def _add(self, cmd: _Add) -> None:
+    def _add(self, cmd: Add) -> None:
         adapter = self._adapter
         lora = {"lora_request": adapter.request} if adapter is not None else {}
         try:
             self._engine.add_request(cmd.rid, {"prompt_token_ids": cmd.prompt}, cmd.params, **lora)
         except Exception as exc:  # this request only: its caller gets the error, the engine serves on
-            _post(cmd.pending, _rejected(exc))
+            post(cmd.pending, _rejected(exc))
         else:
             if adapter is not None:  # sampled by this adapter's policy, whatever generate() saw
                 adapter.in_flight += 1
@@ -336,22 +309,22 @@ class VLLMEngine(BaseEngine):
         pending = self._pending.pop(out.request_id, None)
         if pending is None:  # aborted by a cancelled caller
             return
-        _release(pending)
+        release(pending)
         try:
             result: Any = to_generations(out, pending.prompt_len, pending.version)
         except EngineError as exc:
             result = exc
         except Exception as exc:  # never let a malformed output kill the driver
             result = EngineError(f"could not read vLLM's output: {exc!r}")
-        _post(pending, result)
+        post(pending, result)
 
     def _fail_all(self, exc: BaseException) -> None:
         """Fail every added and every still-queued request (the driver is gone or going)."""
         pending, self._pending = self._pending, {}
         for p in pending.values():
-            _release(p)
-            _post(p, exc)
-        _fail_queued(self._inbox, exc)
+            release(p)
+            post(p, exc)
+        fail_queued(self._inbox, exc)
 
     # -- facade ----------------------------------------------------------------------------------
     async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
@@ -364,16 +337,16 @@ class VLLMEngine(BaseEngine):
         rid = f"arl-{next(self._ids)}"
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._inbox.put(_Add(rid, prompt, vparams, _Pending(loop, future, len(prompt), self.policy_version)))
+        self._inbox.put(Add(rid, prompt, vparams, Pending(loop, future, len(prompt), self.policy_version)))
         self._work.set()
         if self._dead is not None or self._stop:
             # The driver died or stopped after the check above and may have drained the inbox for
             # the last time before this put: fail what is left (this request included) ourselves.
-            _fail_queued(self._inbox, EngineError("vLLM engine stopped before the request started"))
+            fail_queued(self._inbox, EngineError("vLLM engine stopped before the request started"))
         try:
             return await future
         except asyncio.CancelledError:
-            self._inbox.put(_Abort(rid))
+            self._inbox.put(Abort(rid))
             self._work.set()
             raise
 
@@ -466,22 +439,6 @@ class VLLMEngine(BaseEngine):
         self._adapters.close()
 
 
-def _take_all(inbox: queue.SimpleQueue) -> list[Any]:
-    items = []
-    while True:
-        try:
-            items.append(inbox.get_nowait())
-        except queue.Empty:
-            return items
-
-
-def _fail_queued(inbox: queue.SimpleQueue, exc: BaseException) -> None:
-    """Fail every request still in `inbox` (safe from any thread: each item is taken once)."""
-    for cmd in _take_all(inbox):
-        if isinstance(cmd, _Add):
-            _post(cmd.pending, exc)
-
-
 def _rejected(exc: Exception) -> EngineError:
     """vLLM's refusal of one request -> arl typed error (its input validation -> InvalidPromptError)."""
     from vllm.exceptions import VLLMClientError  # VLLMValidationError is not a ValueError
@@ -492,27 +449,3 @@ def _rejected(exc: Exception) -> EngineError:
         err = EngineError(f"vLLM rejected the request: {exc!r}")
     err.__cause__ = exc
     return err
-
-
-def _release(pending: _Pending) -> None:
-    """The request no longer runs on its adapter (driver thread, or after the driver stopped)."""
-    if pending.adapter is not None:
-        pending.adapter.in_flight -= 1
-        pending.adapter = None
-
-
-def _post(pending: _Pending, result: Any) -> None:
-    """Settle a request's future on its own event loop (from any thread)."""
-    try:
-        pending.loop.call_soon_threadsafe(_settle, pending.future, result)
-    except RuntimeError:  # that loop is closed: nobody awaits this future any more
-        pass
-
-
-def _settle(future: asyncio.Future, result: Any) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)

@@ -97,7 +97,10 @@ class ServerEngine:
         )
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        raise NotImplementedError("verl owns the policy weights; its trainer syncs them to its servers")
+        # Not a gap: under verl the policy lives in verl's FSDP/Megatron workers and verl's trainer
+        # syncs it to its servers itself; a push from arl would be a bug, so it fails loudly.
+        raise EngineError("verl owns the policy weights: its trainer syncs them to its rollout servers; "
+                          "arl's ServerEngine does not take weight pushes")
 
     async def sleep(self) -> None:  # verl's trainer puts its servers to sleep itself
         return None
