@@ -208,8 +208,11 @@ def activation_bytes(
                + 2 * 4V                           backward: the softmax and the gathered gradient
 
     a_layer = `layer_activation_bytes`. The vocabulary term dominates models with large
-    vocabularies: arl computes full-vocabulary log-probs in fp32, unchunked, so Qwen2.5 (V = 152k)
-    pays ~1.9 MiB per token in bf16, more than all 24 layers of the 0.5B model. rows = 0 gives 0.
+    vocabularies: full-vocabulary log-probs in fp32, unchunked, cost Qwen2.5 (V = 152k) ~1.9 MiB
+    per token in bf16, more than all 24 layers of the 0.5B model. The update computes them only
+    at the positions that predict a response token (`arl.algo.predicting_positions`); this plan
+    charges them to every token, so it is exact when responses fill the rows and an upper bound
+    otherwise (a step-mode batch with short answers needs less). rows = 0 gives 0.
 
     Worked example, tiny (V 697) in fp32, 4 padded rows x 256 tokens, no checkpointing:
     a_head = 516 + 1024 + 2788 + 2788 + 5576 = 12692; 1024 * (2 * 14360 + 12692) = 42,405,888.

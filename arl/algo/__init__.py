@@ -11,7 +11,13 @@ from arl.algo.advantages import (
     reinforce,
     step_advantages,
 )
-from arl.algo.loss import entropy_from_logits, loss_normalizers, policy_loss, token_logprobs
+from arl.algo.loss import (
+    entropy_from_logits,
+    loss_normalizers,
+    policy_loss,
+    predicting_positions,
+    token_logprobs,
+)
 
 __all__ = [
     "discounted_returns",
@@ -21,6 +27,7 @@ __all__ = [
     "grpo",
     "loss_normalizers",
     "policy_loss",
+    "predicting_positions",
     "reinforce",
     "step_advantages",
     "token_logprobs",

@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from arl.algo import predicting_positions, token_logprobs
 from arl.engine.scripted import ScriptedEngine
 from arl.envs.tools import TOOL_NAME
 from arl.rollout import GroupScheduler, collate
 from arl.rollout.factory import close_manager
 from arl.train.precision import forward_precision
+from arl.train.update import response_logits, rows_of
 
 log = logging.getLogger(__name__)
 
@@ -87,24 +89,17 @@ async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = No
 def _sft_update(model: Any, optimizer: Any, samples: list, trainer: Any, c: Any) -> float:
     """One optimizer step of token-mean cross-entropy over the batch's response tokens."""
     device = next(model.parameters()).device
-    batch = {k: v.to(device) if hasattr(v, "to") else v
-             for k, v in collate(samples, pad_id=trainer.tokenizer.pad_token_id or 0).items()}
-    mask = batch["response_mask"]
-    total = mask.sum().clamp(min=1)
+    batch = collate(samples, pad_id=trainer.tokenizer.pad_token_id or 0)
+    total = batch["response_mask"].sum().clamp(min=1).to(device)
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
     for start in range(0, len(samples), c.sft.micro_batch_size):
-        rows = slice(start, start + c.sft.micro_batch_size)
-        width = int(batch["attention_mask"][rows].sum(dim=1).max())
-        ids = batch["input_ids"][rows, :width]
+        rows = rows_of(batch, np.arange(start, min(start + c.sft.micro_batch_size, len(samples))), device)
+        keep = predicting_positions(rows["response_mask"])  # only response tokens are targets
         with forward_precision(model, c.optim.precision):  # as the RL update computes
-            logits = model(
-                input_ids=ids, attention_mask=batch["attention_mask"][rows, :width],
-                position_ids=batch["position_ids"][rows, :width],
-            ).logits
-        # position t predicts token t+1; a response token at t+1 is a target
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(logp * mask[rows, 1:width]).sum() / total
+            logits = response_logits(model, rows, keep)
+        logp = token_logprobs(logits, rows["input_ids"], positions=keep)
+        loss = -(logp * rows["response_mask"]).sum() / total
         loss.backward()
         loss_sum += float(loss.detach())
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

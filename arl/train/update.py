@@ -6,7 +6,8 @@ it in a worker thread).
 
 For each of ``optim.epochs``, the rows are shuffled and split into ``optim.mini_batches``; each
 mini-batch is one optimizer step, its gradient accumulated over micro-batches of
-``optim.micro_batch_size`` rows, each cut to its longest real length. The loss is
+``optim.micro_batch_size`` rows, each cut to its longest real length, and the model's head runs only where a logit predicts a
+response token (`predicting_positions`: prompt logits never enter the loss). The loss is
 `arl.algo.policy_loss` (PPO-clip, k3 KL to ``ref_model``, entropy bonus, truncated importance
 weight between the trainer's and the engine's log-probs), normalised over the whole mini-batch
 (`loss_normalizers`) so accumulation equals one big batch. A step with a non-finite gradient norm
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from arl.algo import entropy_from_logits, loss_normalizers, policy_loss, token_logprobs
+from arl.algo import entropy_from_logits, loss_normalizers, policy_loss, predicting_positions, token_logprobs
 from arl.train.precision import forward_precision
 
 log = logging.getLogger(__name__)
@@ -68,12 +69,13 @@ def policy_update(
             for start in range(0, len(mini), optim.micro_batch_size):
                 idx = mini[start : start + optim.micro_batch_size]
                 rows = rows_of(batch, idx, device)
+                keep = predicting_positions(rows["response_mask"])
                 with forward_precision(model, precision):  # the backward needs no context
-                    logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
-                                   position_ids=rows["position_ids"]).logits
-                logp = token_logprobs(logits, rows["input_ids"], temperature)
-                entropy = entropy_from_logits(logits, temperature) if algo.entropy_coef > 0 else None
+                    logits = response_logits(model, rows, keep)
+                logp = token_logprobs(logits, rows["input_ids"], temperature, positions=keep)
                 width = logp.shape[1]
+                entropy = (entropy_from_logits(logits, temperature, positions=keep, length=width)
+                           if algo.entropy_coef > 0 else None)
                 loss, m = policy_loss(
                     logp, logp.detach() if old is None else old[idx, :width].to(device), adv[idx],
                     rows["response_mask"],
@@ -101,19 +103,27 @@ def policy_update(
 
 def sequence_logprobs(model: Any, batch: dict[str, Any], indices: Any, temperature: float,
                       micro_batch_size: int, *, precision: str = "fp32") -> torch.Tensor:
-    """Log-probs of every token of rows ``indices`` under ``model`` (forward in ``precision``),
-    micro-batch by micro-batch, as a (B, L) fp32 CPU tensor aligned with the batch (zeros elsewhere)."""
+    """Log-probs of the response tokens of rows ``indices`` under ``model`` (forward in
+    ``precision``), micro-batch by micro-batch, as a (B, L) fp32 CPU tensor aligned with the batch;
+    0 wherever no row of the micro-batch has a response token (prompts, padding)."""
     device = next(model.parameters()).device
     idx = np.fromiter(indices, dtype=np.int64)
     out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
     for start in range(0, len(idx), micro_batch_size):
         rows = rows_of(batch, idx[start : start + micro_batch_size], device)
+        keep = predicting_positions(rows["response_mask"])
         with forward_precision(model, precision):
-            logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
-                           position_ids=rows["position_ids"]).logits
-        lp = token_logprobs(logits, rows["input_ids"], temperature)
+            logits = response_logits(model, rows, keep)
+        lp = token_logprobs(logits, rows["input_ids"], temperature, positions=keep)
         out[idx[start : start + len(lp)], : lp.shape[1]] = lp.cpu()
     return out
+
+
+def response_logits(model: Any, rows: dict[str, torch.Tensor], keep: torch.Tensor) -> torch.Tensor:
+    """The model's logits at positions ``keep`` only, (B, K, V): the language-model head runs on
+    them alone (``logits_to_keep``, which every Hugging Face causal LM and PEFT wrapper accepts)."""
+    return model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                 position_ids=rows["position_ids"], logits_to_keep=keep).logits
 
 
 def rows_of(batch: dict[str, Any], idx: Any, device: torch.device) -> dict[str, torch.Tensor]:
@@ -123,4 +133,4 @@ def rows_of(batch: dict[str, Any], idx: Any, device: torch.device) -> dict[str, 
     return {k: batch[k][idx, :width].to(device) for k in _ROW_KEYS}
 
 
-__all__ = ["policy_update", "rows_of", "sequence_logprobs"]
+__all__ = ["policy_update", "response_logits", "rows_of", "sequence_logprobs"]
