@@ -108,6 +108,9 @@ def bench_arl(env_id: str, wrapper: str, n_resets: int, n_steps: int, repeats: i
         def step(a: int) -> tuple:
             return env.step(messages[a])
 
+    from arl.envs.sokoban import seeded_level
+
+    seeded_level.cache_clear()  # every timed reset generates its level (another wrapper reset these seeds)
     reset = timed(lambda i: env.reset(seed=i), n_resets, repeats)
     steps = step_timer(lambda: env.reset(seed=12345), step, n_steps, repeats)
     return {"env": env_id, "wrapper": wrapper, "reset": reset, "step": steps}

@@ -14,12 +14,15 @@ so ``cell +/- 1`` and ``cell +/- width`` never leave the grid from a floor cell.
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.utils import seeding
 
 # Observation cell codes (the Box observation holds these, one per cell).
 WALL, EMPTY, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
@@ -140,6 +143,41 @@ def reverse_search(
     return best
 
 
+Level = tuple[bytes, frozenset[int], tuple[int, ...], int]  # floor, targets, boxes, player (flat cells)
+
+
+def generate_level(rng: np.random.Generator, h: int, w: int, num_boxes: int, num_gen_steps: int, depth: int,
+                   max_states: int, min_score: int) -> Level:
+    """A random room, targets and player, then reverse play from the solved position; retried
+    until a level scores at least ``min_score`` (REFERENCE.md §1)."""
+    for _ in range(1000):  # each attempt draws a fresh topology; score 0 means retry
+        cells = _random_floor(rng, h, w, num_gen_steps)
+        if len(cells) < num_boxes + 2:
+            continue
+        picks = rng.choice(len(cells), size=num_boxes + 1, replace=False)
+        player = cells[int(picks[0])]
+        targets = tuple(cells[int(i)] for i in picks[1:])
+        floor = bytearray(h * w)
+        for i in cells:
+            floor[i] = 1
+        score, p, boxes, _depth = reverse_search(rng, floor, w, player, targets, depth, max_states)
+        if score >= min_score:
+            return bytes(floor), frozenset(targets), tuple(sorted(boxes)), p
+    raise RuntimeError(f"could not generate a Sokoban level for dim_room={(h, w)}")
+
+
+@functools.lru_cache(maxsize=4096)
+def seeded_level(seed: int, params: tuple[int, ...]) -> tuple[Level, dict[str, Any]]:
+    """`generate_level` from gymnasium's RNG for ``seed``, and that RNG's state afterwards.
+
+    Why a cache: generation is the costly part of a reset (a 10x10 level: ~4 ms of reverse search),
+    and GRPO resets every member of a group with the same seed, so without it a group of 8 builds
+    its level 8 times. Bounded (4096 levels of a few hundred bytes); levels are immutable tuples.
+    """
+    rng, _ = seeding.np_random(seed)
+    return generate_level(rng, *params), rng.bit_generator.state
+
+
 class SokobanEnv(gym.Env[np.ndarray, np.int64]):
     """Sokoban with `Discrete(4)` actions (0 Up, 1 Down, 2 Left, 3 Right).
 
@@ -215,30 +253,13 @@ class SokobanEnv(gym.Env[np.ndarray, np.int64]):
             return self.search_depth
         return max(1, min(self.search_depth, int(self.max_steps)))
 
-    def _generate(self) -> None:
+    def _generation_params(self) -> tuple[int, ...]:
+        """Everything besides the RNG that decides which level `generate_level` builds."""
         h, w = self.dim_room
-        rng = self.np_random
-        for _ in range(1000):  # each attempt draws a fresh topology; score 0 means retry
-            cells = _random_floor(rng, h, w, self.num_gen_steps)
-            if len(cells) < self.num_boxes + 2:
-                continue
-            picks = rng.choice(len(cells), size=self.num_boxes + 1, replace=False)
-            player = cells[int(picks[0])]
-            targets = tuple(cells[int(i)] for i in picks[1:])
-            floor = bytearray(h * w)
-            for i in cells:
-                floor[i] = 1
-            score, p, boxes, _depth = reverse_search(
-                rng, floor, w, player, targets, self.generation_depth, self.max_states
-            )
-            if score >= self.min_score:
-                self._set_state(floor, frozenset(targets), set(boxes), p)
-                return
-        raise RuntimeError(f"could not generate a Sokoban level for dim_room={self.dim_room}")
-
-    def _set_state(self, floor: bytearray, targets: frozenset[int], boxes: set[int], player: int) -> None:
+        return (h, w, self.num_boxes, self.num_gen_steps, self.generation_depth, self.max_states, self.min_score)
+    def _set_state(self, floor: bytes, targets: frozenset[int], boxes: Iterable[int], player: int) -> None:
         h, w = self.dim_room
-        self._floor, self._targets, self._boxes, self._player = floor, targets, boxes, player
+        self._floor, self._targets, self._boxes, self._player = bytearray(floor), targets, set(boxes), player
         base = np.frombuffer(bytes(floor), dtype=np.int8).copy()  # WALL 0 / EMPTY 1
         for t in targets:
             base[t] = TARGET
@@ -279,8 +300,14 @@ class SokobanEnv(gym.Env[np.ndarray, np.int64]):
         super().reset(seed=seed)
         if options and options.get("level") is not None:
             self._load_level(options["level"])
+        elif seed is not None:
+            # A GRPO group resets G envs with one seed: generate its level once (`seeded_level`),
+            # and leave the RNG where generating it here would have left it.
+            level, rng_state = seeded_level(int(seed), self._generation_params())
+            self.np_random.bit_generator.state = rng_state
+            self._set_state(*level)
         else:
-            self._generate()
+            self._set_state(*generate_level(self.np_random, *self._generation_params()))
         return self._obs(), self._info(False)
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:

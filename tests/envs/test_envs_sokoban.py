@@ -243,3 +243,27 @@ def test_min_score_rejects_one_push_levels():
         hard_lengths.append(bfs_solution_length(hard.grid_text(), 10))
     assert 1 in easy_lengths  # the REFERENCE default keeps the easiest levels
     assert None not in hard_lengths and min(hard_lengths) >= 2
+
+def test_seeded_resets_generate_each_level_once_and_match_generation(monkeypatch):
+    """A group's G resets with one seed build the level once (the cache), and what the cache hands
+    back (level and the RNG's state after it) is what generating it on the spot gives."""
+    from arl.envs import sokoban
+
+    sokoban.seeded_level.cache_clear()
+    calls = []
+    real = sokoban.generate_level
+    monkeypatch.setattr(sokoban, "generate_level", lambda *a: calls.append(a) or real(*a))
+    envs = [sokoban.SokobanEnv(dim_room=(8, 8), num_boxes=2) for _ in range(4)]
+    observations = [env.reset(seed=123)[0] for env in envs]
+    assert len(calls) == 1
+    assert all((o == observations[0]).all() for o in observations)
+
+    fresh = sokoban.SokobanEnv(dim_room=(8, 8), num_boxes=2)
+    fresh.reset(seed=None)  # not cached: generated from the env's own RNG
+    fresh.np_random, _ = gym.utils.seeding.np_random(123)
+    fresh._set_state(*real(fresh.np_random, *fresh._generation_params()))
+    assert (fresh._obs() == observations[0]).all()
+    assert fresh.np_random.random() == envs[0].np_random.random()  # the RNG continues identically
+    before = len(calls)
+    envs[1].reset(seed=124)
+    assert len(calls) == before + 1 and not (envs[1]._obs() == observations[0]).all()
