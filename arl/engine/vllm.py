@@ -72,6 +72,10 @@ def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = T
         ignore_eos=params.ignore_eos,
         logprobs=0,
         output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE,
+        # arl reads token ids and log-probs, never vLLM's text: without this, every engine step
+        # decodes each request's new token twice (the incremental text and the log-prob's token
+        # string), ~11% of a multi-turn rollout's driver time on CPU (benchmarks/README "Rollout").
+        detokenize=False,
     )
 
 
