@@ -25,6 +25,13 @@ reset before each: the same prefill and decode work without the turn-by-turn dep
 what is left is the sequencing (a turn waits for the previous one and for the env) plus the
 framework. The raw ratio also charges the multi-turn prefill (each turn's prompt) to the rollout.
 
+"engine steps (busy)": for the in-process vllm backend, the engine steps (scheduler iterations) the
+rollout and its replay took, and the share of their wall time the engine spent stepping
+(`engine.engine_stats()`). A busy share near 100% says the engine bounded the run; then the step
+count is what separates rollout from replay: an episode of T turns of up to M tokens needs about
+T x (M + 1) steps one after another (a turn cannot start before the previous one ends), however
+wide the batch, while the replay needs about M + 1 steps per batch its token budget allows.
+
 What the ratio charges to the rollout: the env steps, prompt building and tokenization between
 turns, the prefill of each turn's new tokens, and the tail of the batch (episodes that finish at
 different times leave the engine with fewer concurrent sequences). The raw batch has one prefill
@@ -60,9 +67,20 @@ async def _replay(engine: Any, batch: Any, seed: int) -> tuple[float, int]:
     params = [SamplingParams(max_tokens=len(t.response_ids), ignore_eos=True, seed=seed + i)
               for i, t in enumerate(turns)]
     _reset_cache(engine)
+    before = engine.engine_stats()
     start = time.perf_counter()
     gens = await asyncio.gather(*[engine.generate(list(t.prompt_ids), p) for t, p in zip(turns, params, strict=True)])
-    return time.perf_counter() - start, sum(len(g.token_ids) for g in gens)
+    wall = time.perf_counter() - start
+    return wall, sum(len(g.token_ids) for g in gens), _engine_work(engine, before, wall)
+
+
+def _engine_work(engine: Any, before: dict[str, float] | None, wall: float) -> dict[str, float]:
+    """Engine steps taken since ``before`` and the share of ``wall`` spent in them (in-process vLLM)."""
+    if before is None:
+        return {}
+    after = engine.engine_stats()
+    return {"steps": after["engine_steps"] - before["engine_steps"],
+            "busy": (after["engine_busy_s"] - before["engine_busy_s"]) / wall}
 
 
 def _reset_cache(engine: Any) -> None:
@@ -109,15 +127,25 @@ async def bench_backend(backend: str, args: argparse.Namespace) -> dict:
         for r in range(args.repeats):
             for name, manager in managers.items():
                 _reset_cache(engine)
+                before = engine.engine_stats()
                 start, cpu = time.perf_counter(), time.process_time()
                 batch = await sched.run(manager, sched.specs(r))
                 wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+                work = _engine_work(engine, before, wall)
                 tokens = _tokens(batch)
                 raw_wall, raw_cpu, raw_tokens = await _raw(engine, prompt, n_episodes, tokens, seed=1000 * r)
                 tps, raw_tps = tokens / wall, raw_tokens / raw_wall
-                replay_wall, replay_tokens = await _replay(engine, batch, seed=1000 * r) if args.replay else (1, 0)
+                replay_wall, replay_tokens, replay_work = (await _replay(engine, batch, seed=1000 * r) if args.replay
+                                                           else (1, 0, {}))
                 rec = runs.setdefault(name, {"tok_s": [], "raw_tok_s": [], "ratio": [], "cpu_ratio": [],
-                                             "tokens": [], "turns": [], "wall_s": [], "replay_ratio": []})
+                                             "tokens": [], "turns": [], "wall_s": [], "replay_ratio": [],
+                                             "steps": [], "busy": [], "replay_steps": [], "replay_busy": []})
+                if work:
+                    rec["steps"].append(work["steps"])
+                    rec["busy"].append(work["busy"])
+                if replay_work:
+                    rec["replay_steps"].append(replay_work["steps"])
+                    rec["replay_busy"].append(replay_work["busy"])
                 rec["replay_ratio"].append(tps / (replay_tokens / replay_wall) if replay_tokens else float("nan"))
                 rec["tok_s"].append(tps)
                 rec["raw_tok_s"].append(raw_tps)
@@ -138,7 +166,8 @@ async def bench_backend(backend: str, args: argparse.Namespace) -> dict:
                      "raw_tok_s": summary(rec["raw_tok_s"]), "ratio": summary(rec["ratio"]), "cpu_ratio": summary(rec["cpu_ratio"]),
                      "replay_ratio": summary(rec["replay_ratio"]),
                      "tokens": statistics.median(rec["tokens"]), "turns": statistics.median(rec["turns"]),
-                     "wall_s": summary(rec["wall_s"]), "episodes": n_episodes})
+                     "wall_s": summary(rec["wall_s"]), "episodes": n_episodes,
+                     **{k: summary(rec[k]) for k in ("steps", "busy", "replay_steps", "replay_busy") if rec[k]}})
     return {"backend": backend, "startup_s": startup, "rows": rows}
 
 
@@ -168,13 +197,24 @@ def main() -> None:
             rows.append([row["backend"], row["manager"], f"{row['tokens']:.0f}", f"{row['turns']:.0f}",
                          cell(row["tok_s"]), cell(row["raw_tok_s"]), cell(row["ratio"], "{:.2f}"),
                          cell(row["cpu_ratio"], "{:.2f}") if row["backend"] != "vllm-async" else "-",
-                         cell(row["replay_ratio"], "{:.2f}") if args.replay else "-"])
+                         cell(row["replay_ratio"], "{:.2f}") if args.replay else "-",
+                         _steps_cell(row)])
     print(table(["backend", "manager", "tokens/batch", "turns/batch", "rollout tok/s", "raw engine tok/s",
-                 "ratio (wall)", "ratio (CPU)", "vs replay (wall)"], rows))
+                 "ratio (wall)", "ratio (CPU)", "vs replay (wall)", "engine steps (busy): rollout / replay"], rows))
     out = args.out or result_path("rollout", args.quick)
     png = out.with_suffix(".png")
     plot(png, results)
     write_result(out, args, {"results": results, "plot": str(png)}, started)
+
+
+def _steps_cell(row: dict[str, Any]) -> str:
+    """Median engine steps and busy share of the rollout and of its replay (in-process vLLM only)."""
+    if "steps" not in row:
+        return "-"
+    text = f"{row['steps']['median']:.0f} ({row['busy']['median']:.0%})"
+    if "replay_steps" in row:
+        text += f" / {row['replay_steps']['median']:.0f} ({row['replay_busy']['median']:.0%})"
+    return text
 
 
 def plot(path: Path, results: list[dict[str, Any]]) -> None:

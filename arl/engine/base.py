@@ -185,10 +185,12 @@ class BaseEngine(abc.ABC):
         await self._update_adapter(adapter)
         self.policy_version += 1
 
-    def cache_stats(self) -> dict[str, int] | None:
-        """Cumulative prefix-cache counters since start (``prefix_cache_queries``: prompt tokens
-        looked up, ``prefix_cache_hits``: of those, found cached), or None where the backend has
-        no prefix cache. Differences between two reads give a rollout's hit rate."""
+    def engine_stats(self) -> dict[str, float] | None:
+        """Cumulative counters since start, or None where the backend keeps none (in-process vLLM
+        does): ``prefix_cache_queries`` (prompt tokens looked up), ``prefix_cache_hits`` (of those,
+        found cached), ``engine_steps`` (scheduler iterations) and ``engine_busy_s`` (seconds spent
+        in them). Differences between two reads describe a rollout: its hit rate, and whether the
+        engine was the bottleneck (busy nearly all the time) or waited on the envs and the framework."""
         return None
 
     async def sleep(self) -> None:

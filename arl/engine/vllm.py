@@ -27,6 +27,7 @@ import os
 import queue
 import tempfile
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -212,6 +213,8 @@ class VLLMEngine(BaseEngine):
             gpu_memory_utilization=gpu_memory_utilization, extra=extra,
         )
         self._cache = _CacheCounter()
+        self._steps = 0  # engine steps taken, and seconds spent in them (driver thread writes, anyone reads)
+        self._busy_s = 0.0
         self._engine = LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[self._cache.factory])
         cfg = self._engine.model_config
         super().__init__(self._engine.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
@@ -242,7 +245,12 @@ class VLLMEngine(BaseEngine):
                     if self._retired:
                         self._remove_idle_adapters()
                     busy = self._engine.has_unfinished_requests()
-                    outputs = self._engine.step() if busy else []
+                    outputs = []
+                    if busy:
+                        started = time.perf_counter()
+                        outputs = self._engine.step()
+                        self._steps += 1
+                        self._busy_s += time.perf_counter() - started
                 except BaseException as exc:  # the engine is broken: fail every waiter
                     self._dead = exc  # first, so a generate() racing with this fails itself
                     self._fail_all(EngineError(f"vLLM engine step failed: {exc!r}"))
@@ -419,8 +427,9 @@ class VLLMEngine(BaseEngine):
         """The policy version of the adapter new requests get (None: the base weights)."""
         return None if self._adapter is None else self._adapter.version
 
-    def cache_stats(self) -> dict[str, int]:
-        return {"prefix_cache_queries": self._cache.queries, "prefix_cache_hits": self._cache.hits}
+    def engine_stats(self) -> dict[str, float]:
+        return {"prefix_cache_queries": self._cache.queries, "prefix_cache_hits": self._cache.hits,
+                "engine_steps": self._steps, "engine_busy_s": self._busy_s}
 
     def reset_prefix_cache(self) -> bool:
         """Drop vLLM's prefix cache (waits for the current step: call it off the event loop)."""

@@ -214,14 +214,19 @@ class Trainer:
         return metrics
 
     async def _rollout(self, step: int) -> Any:
-        before = self.engine.cache_stats() if hasattr(self.engine, "cache_stats") else None
+        stats = getattr(self.engine, "engine_stats", lambda: None)  # an engine outside arl's contract has none
+        before = stats()
+        started = time.perf_counter()
         batch = await self.groups.run(self.manager, self.groups.specs(step), keep_groups=self.groups.num_groups)
-        after = self.engine.cache_stats() if before is not None else None
-        if after is not None:  # the engine's prefix cache over this rollout (evaluations overlapping it count too)
-            queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
-            hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+        if before is not None:  # what the engine did meanwhile (an evaluation overlapping it counts too)
+            wall = time.perf_counter() - started
+            delta = {k: v - before[k] for k, v in stats().items()}
+            queries = delta["prefix_cache_queries"]
             batch.metrics["rollout/prefix_cache_query_tokens"] = float(queries)
-            batch.metrics["rollout/prefix_cache_hit_rate"] = hits / queries if queries else 0.0
+            batch.metrics["rollout/prefix_cache_hit_rate"] = delta["prefix_cache_hits"] / queries if queries else 0.0
+            batch.metrics["rollout/engine_steps"] = float(delta["engine_steps"])
+            # ~1: the engine bounded the rollout; well below: it waited on envs, agents or the loop
+            batch.metrics["rollout/engine_busy_frac"] = delta["engine_busy_s"] / wall if wall > 0 else 0.0
         return batch
 
     async def _cancel_prefetch(self) -> None:

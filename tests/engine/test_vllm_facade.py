@@ -446,15 +446,20 @@ def prompt_ids(tiny_tokenizer) -> list[int]:
 
 
 async def test_prefix_cache_counters_see_a_repeated_prompt(vllm_engine):
-    """cache_stats(): vLLM's per-step prefix-cache statistics, summed (tokens queried / hit)."""
+    """engine_stats(): vLLM's per-step prefix-cache statistics, summed (tokens queried / hit), and
+    the engine steps taken and the seconds spent in them."""
     await vllm_engine.update_weights([])  # a push resets the prefix cache: start from a cold cache
     prompt = [(7 * i) % 500 + 3 for i in range(400)]  # several full KV blocks (128 tokens each on CPU)
     params = SamplingParams(max_tokens=2, temperature=0.0)
-    before = vllm_engine.cache_stats()
+    before = vllm_engine.engine_stats()
     await vllm_engine.generate(prompt, params)
-    middle = vllm_engine.cache_stats()
+    middle = vllm_engine.engine_stats()
     await vllm_engine.generate(prompt, params)
-    after = vllm_engine.cache_stats()
+    after = vllm_engine.engine_stats()
     assert middle["prefix_cache_queries"] - before["prefix_cache_queries"] >= len(prompt) - 1
     assert middle["prefix_cache_hits"] == before["prefix_cache_hits"]  # cold: nothing to find
     assert after["prefix_cache_hits"] - middle["prefix_cache_hits"] >= 256  # warm: the full blocks
+    # 2 tokens each: a prefill step that samples the first, a decode step for the second
+    assert middle["engine_steps"] - before["engine_steps"] == 2
+    assert after["engine_steps"] - middle["engine_steps"] == 2
+    assert 0 < middle["engine_busy_s"] - before["engine_busy_s"] < 60

@@ -41,8 +41,11 @@ async def test_weight_push_makes_engine_logprobs_equal_trainer_logprobs(tmp_path
     try:
         await trainer.setup()
         before = params_of(trainer.model)
-        await trainer.step()
+        metrics = await trainer.step()
         assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+        # what the engine did during the rollout: every turn needs at least one engine step
+        assert metrics["rollout/engine_steps"] >= metrics["rollout/num_turns"] / metrics["rollout/num_episodes"]
+        assert 0 < metrics["rollout/engine_busy_frac"] <= 1.0
         prompt = list(range(5, 60))
         gen = await vllm_engine.generate(prompt, SamplingParams(max_tokens=16, ignore_eos=True, seed=3))
         assert gen.policy_version == vllm_engine.policy_version
