@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/overlap.py --quick         # smoke size (~1 min)
     .venv/bin/python benchmarks/overlap.py --rounds 3 --steps 16 rollout.num_groups=16
     .venv/bin/python benchmarks/overlap.py --contention    # why: a tiny-model update beside a Python thread / a busy core
+    .venv/bin/python benchmarks/overlap.py --cores         # the floor: each phase with 1 and 2 threads (~3 min)
 
 Each round trains the config twice from its format warm-start on one shared engine: synchronous
 (``rollout.max_staleness=0``: rollout, then update) and overlapped (``=1``: the next step's rollout
@@ -14,6 +15,13 @@ the last (which also evaluates), and the medians of the rollout wait and the upd
 overlap / sync of those medians; the table shows every round and the median ratio. The goal
 (issue 14): overlap <= 0.6x sync on the demo; on 2 cores the floor is max(rollout, update) /
 (rollout + update).
+
+``--cores`` asks how much overlap could win at all: it trains the config synchronously in a child
+process with 2 threads and again with 1 (OMP_NUM_THREADS, the `arl` command's tcmalloc + Intel
+OpenMP preload), and reports per phase the wall seconds and the cores it kept busy (process CPU
+seconds / wall). Overlap on 2 cores gives each phase one core at best, so its step cannot be
+shorter than max(rollout on 1 core, update on 1 core), while the synchronous step gets both cores
+in each phase: floor = max(r1, u1) / (r2 + u2).
 """
 
 from __future__ import annotations
@@ -138,6 +146,83 @@ def contention(repeats: int = 5) -> list[dict]:
     return rows
 
 
+CORES_WORKER = r"""
+import asyncio, json, statistics, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+from _util import quiet_logs
+quiet_logs()
+from arl.config import load_config
+from arl.train import Trainer
+
+async def main():
+    config = load_config(sys.argv[2], [*json.loads(sys.argv[3]), f"out_dir={tempfile.mkdtemp()}"])
+    phases = {"rollout": [], "update": [], "step": []}
+    async with Trainer(config) as trainer:
+        await trainer.setup()
+        rollout, update = trainer._rollout, trainer.update
+        async def timed_rollout(step):
+            wall, cpu = time.perf_counter(), time.process_time()
+            batch = await rollout(step)
+            phases["rollout"].append((time.perf_counter() - wall, time.process_time() - cpu))
+            return batch
+        def timed_update(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            metrics = update(*args, **kwargs)
+            phases["update"].append((time.perf_counter() - wall, time.process_time() - cpu))
+            return metrics
+        trainer._rollout, trainer.update = timed_rollout, timed_update
+        step = trainer.step
+        async def timed_step():
+            wall, cpu = time.perf_counter(), time.process_time()
+            metrics = await step()
+            phases["step"].append((time.perf_counter() - wall, time.process_time() - cpu))
+            return metrics
+        trainer.step = timed_step
+        await trainer.train()  # the format warm-start first, as the demo
+    out = {}
+    for name, rows in phases.items():
+        rows = rows[1:]  # the first step warms up
+        out[name] = {"wall_s": statistics.median(r[0] for r in rows), "cpu_s": statistics.median(r[1] for r in rows),
+                     "cores": statistics.median(r[1] / r[0] for r in rows)}
+    print("@@" + json.dumps(out), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def cores(args: argparse.Namespace) -> dict:
+    """Each phase's wall seconds and busy cores, synchronous training with 2 threads and with 1."""
+    import json
+    import os
+    import subprocess
+
+    from arl.cli import preload_libraries
+
+    overrides = [*RUN_OVERRIDES, *(QUICK_OVERRIDES if args.quick else []), f"steps={args.steps}",
+                 "rollout.max_staleness=0", *args.overrides]
+    result = {}
+    for threads in (2, 1):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads),
+               "LD_PRELOAD": ":".join(preload_libraries()), "ARL_PRELOADED": "1"}
+        proc = subprocess.run([sys.executable, "-c", CORES_WORKER, str(Path(__file__).parent), args.config,
+                               json.dumps(overrides)], env=env, capture_output=True, text=True, check=True)
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("@@"))
+        result[threads] = json.loads(line[2:])
+        print(f"  {threads} thread(s): " + ", ".join(f"{k} {v['wall_s']:.2f} s ({v['cores']:.2f} cores)"
+                                                   for k, v in result[threads].items()), flush=True)
+    r1, u1 = result[1]["rollout"]["wall_s"], result[1]["update"]["wall_s"]
+    r2, u2 = result[2]["rollout"]["wall_s"], result[2]["update"]["wall_s"]
+    floor = max(r1, u1) / (r2 + u2)
+    rows = [[t, *(f"{result[t][k]['wall_s']:.2f} s ({result[t][k]['cores']:.2f})" for k in ("rollout", "update", "step"))]
+            for t in (2, 1)]
+    print(f"\n{Path(args.config).name} + {' '.join(args.overrides) or '(no overrides)'}, synchronous, "
+          f"{args.steps} steps after the warm-start, medians over steps 2-{args.steps}: seconds (cores busy)")
+    print(table(["threads", "rollout", "update", "step"], rows))
+    print(f"overlap floor on 2 cores: max(rollout 1 thread, update 1 thread) / (rollout + update, 2 threads) = "
+          f"max({r1:.2f}, {u1:.2f}) / ({r2:.2f} + {u2:.2f}) = {floor:.2f}x (goal <= 0.6x)")
+    return {"threads": result, "floor": floor}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO / "configs" / "tiny_frozenlake_gigpo.yaml"))
@@ -147,8 +232,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/overlap.json")
     parser.add_argument("--contention", action="store_true",
                         help="only the contention probe: an update beside a Python thread / a busy process")
+    parser.add_argument("--cores", action="store_true",
+                        help="only the floor: each phase's seconds and busy cores with 2 threads and with 1")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     args = parser.parse_args()
+    if args.cores:
+        if args.quick:
+            args.steps = 3
+        started = time.perf_counter()
+        write_result(args.out or result_path("overlap-cores", args.quick), args, cores(args), started)
+        return
     if args.contention:
         started = time.perf_counter()
         rows = contention()
