@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arl.algo import _groups, step_level
 from arl.algo import advantages as adv_mod
 from arl.algo.advantages import (
     discounted_returns,
@@ -24,8 +25,11 @@ from arl.algo.advantages import (
 EPS = 1e-6
 
 
-def test_docstring_examples():
-    failures, tried = doctest.testmod(adv_mod)
+# doctest.testmod only runs the examples of functions *defined* in a module, not re-exported
+# ones, so each module that defines estimators is listed here.
+@pytest.mark.parametrize("module", [adv_mod, step_level, _groups], ids=lambda m: m.__name__)
+def test_docstring_examples(module):
+    failures, tried = doctest.testmod(module)
     assert tried > 0 and failures == 0
 
 
