@@ -13,7 +13,11 @@ Isolation (``Sandbox.isolation`` says which is in force):
   of a command dies with it (the PID namespace ends with the command). Run as root, bwrap keeps
   the init user namespace and the command drops to a fresh unprivileged uid (``setpriv``), because
   the kernel exempts uid 0 from the process-count limit; as any other user, bwrap makes a user
-  namespace, in which the process limit counts only the sandbox's own processes.
+  namespace, in which the process limit counts only the sandbox's own processes. As root, `run`
+  and `kill` return only once no process of the sandbox's uid is left: the kernel may still be
+  tearing a command's PID namespace down when bwrap has returned (seen after kills and after
+  ordinary exits alike), so leftovers are killed and waited for (at most ``Sandbox.reap_s``, 5 s;
+  any still listed then are logged as a warning). The command lines are built in `arl.envs.bwrap`.
 - ``"none"``: the fallback when bwrap is absent or cannot start (no user namespaces). Commands
   run as plain subprocesses in their own process group, in the work dir, with the same limits.
   What is lost (also listed, for the instance in force, in ``Sandbox.lost``):
@@ -33,9 +37,10 @@ Isolation (``Sandbox.isolation`` says which is in force):
 
 Limits, in both modes (bash ``ulimit`` in front of the command, so they bind the command and
 everything it starts, and it cannot raise them): CPU seconds, address space, file size, process
-count, no core files. Wall time is enforced here by killing the process group; output is read
-while the command runs, the first ``output_bytes`` kept, up to ``drain_bytes`` more read and
-dropped (counted), and a command that writes beyond that is killed.
+count, no core files (`arl.envs.rlimits`). Wall time is enforced here by killing the process
+group; output is read while the command runs (`arl.envs.capped_output`), the first
+``output_bytes`` kept, up to ``drain_bytes`` more read and dropped (counted), and a command that
+writes beyond that is killed.
 
 A command's own faults are results, never exceptions: `CommandResult.status` is "ok" (it ended
 by itself; look at ``exit_code``), "timeout" (wall or CPU limit), "output_limit", "killed" (a
@@ -49,15 +54,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import glob
 import logging
-import math
 import os
-import secrets
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,36 +69,30 @@ from typing import Any
 
 import attrs
 
+from arl.envs.bwrap import (
+    SANDBOX_CWD,
+    bwrap_argv,
+    bwrap_problem,
+    fresh_uid,
+    python_paths,
+    reap_uid,
+    uid_processes,
+)
+from arl.envs.capped_output import CappedOutput
+from arl.envs.rlimits import SandboxLimits, limits_prefix
+
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("auto", "bwrap", "none")
 COMMAND_STATUSES = ("ok", "timeout", "output_limit", "killed", "error")
-SANDBOX_CWD = "/workspace"  # where the work dir appears inside bwrap (fixed: outputs do not name temp dirs)
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
-_ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives",
-        "localtime", "python3*")
 _FATAL_SIGNALS = {signal.SIGKILL, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS}
-_CHUNK = 1 << 16
 _GRACE_S = 1.0  # after a command ends or is killed: how long its pipes may stay open
 _LOST_WITHOUT_BWRAP = ("network namespace", "host file system protection", "PID namespace", "hidden files")
 
 
 class SandboxUnavailable(RuntimeError):
     """``isolation="bwrap"`` was asked for and bubblewrap cannot start here."""
-
-
-@attrs.frozen
-class SandboxLimits:
-    """Limits of one command (defaults: one command of a bug-fix episode)."""
-
-    wall_s: float = 10.0  # killed (process group) after this many seconds
-    cpu_s: float = 10.0  # RLIMIT_CPU, rounded up to whole seconds
-    memory_bytes: int = 512 * 2**20  # RLIMIT_AS
-    output_bytes: int = 16_384  # stdout + stderr kept
-    file_size_bytes: int = 64 * 2**20  # RLIMIT_FSIZE: largest file a command may write
-    max_procs: int = 64  # RLIMIT_NPROC
-    drain_bytes: int = 8 * 2**20  # output read (and dropped) past output_bytes before the command is killed
 
 
 @attrs.frozen
@@ -120,79 +115,10 @@ class CommandResult:
         return self.status == "ok" and self.exit_code == 0
 
 
-def limits_prefix(limits: SandboxLimits, nproc_base: int = 0) -> list[str]:
-    """``bash -c 'ulimit ...; exec "$@"'``: argv that sets the limits and execs the rest.
-
-    bash counts ``-v`` and ``-f`` in KiB; ``ulimit`` sets soft and hard limits together (the CPU
-    limit's hard one a second above), so the command cannot raise them again.
-    """
-    cpu = max(1, math.ceil(limits.cpu_s))
-    script = (  # CPU: SIGXCPU at the soft limit (a "timeout"), SIGKILL a second later
-        f"ulimit -S -t {cpu} && ulimit -H -t {cpu + 1} && ulimit -c 0 -v {max(1, limits.memory_bytes // 1024)} "
-        f"-f {max(1, math.ceil(limits.file_size_bytes / 1024))} -u {nproc_base + limits.max_procs} "
-        '&& exec "$@"'
-    )
-    return ["bash", "-c", script, "arl-limits"]
-
-
-def python_paths() -> tuple[Path, ...]:
-    """The paths this interpreter needs (its environment and its base installation)."""
-    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent}
-    return tuple(sorted(p.resolve() for p in paths))
-
-
-def _bwrap_base(root: bool) -> list[str]:
-    """bwrap options every sandbox shares: namespaces and the read-only system."""
-    argv = ["bwrap", "--die-with-parent", "--new-session"]
-    # As root a user namespace would keep kernel uid 0 (exempt from RLIMIT_NPROC): stay in the
-    # init namespace and let setpriv drop to an unprivileged uid inside (see `Sandbox`).
-    argv += (["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-             if root else ["--unshare-all"])
-    argv += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
-    for path in _ROOT_LINKS:
-        if os.path.islink(path):
-            argv += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            argv += ["--ro-bind", path, path]
-    for pattern in _ETC:
-        for path in sorted(glob.glob(f"/etc/{pattern}")):
-            argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
-    return argv
-
-
-@functools.cache
-def bwrap_problem() -> str | None:
-    """None when bubblewrap starts here (probed once per process), else why it does not."""
-    if shutil.which("bwrap") is None:
-        return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    root = os.geteuid() == 0
-    if root and shutil.which("setpriv") is None:
-        return "running as root needs setpriv (util-linux) to drop to an unprivileged uid"
-    argv = _bwrap_base(root) + (["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if root else [])
-    try:
-        probe = subprocess.run([*argv, "true"], capture_output=True, timeout=30, env={})
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"bwrap could not start: {exc}"
-    if probe.returncode != 0:
-        return f"bwrap could not start: {probe.stderr.decode(errors='replace').strip()}"
-    return None
-
-
 @functools.cache
 def _warn_fallback(reason: str) -> None:
     log.warning("sandbox isolation 'none' (%s): commands can reach the network and write the host's files "
                 "as this user; see arl.envs.sandbox for what is lost", reason)
-
-
-def _user_processes() -> int:
-    """Processes of this uid now: in mode "none" RLIMIT_NPROC counts all of them, not only ours."""
-    uid, count = os.getuid(), 0
-    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                count += entry.stat().st_uid == uid
-    return count
 
 
 def _setup_error(stderr: str) -> str | None:
@@ -210,36 +136,6 @@ def _signal_of(returncode: int) -> int | None:
     return None
 
 
-class _Output:
-    """stdout and stderr of one command, read concurrently under one shared byte budget."""
-
-    def __init__(self, keep: int, drain: int) -> None:
-        self.keep, self.limit = keep, keep + drain
-        self.kept = 0
-        self.seen = 0
-        self.chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
-        self.over = asyncio.Event()
-
-    async def read(self, name: str, stream: asyncio.StreamReader | None) -> None:
-        if stream is None:
-            return
-        # Read to EOF even past the limit (the command is killed then): asyncio reports a process
-        # as ended only once its pipes are closed, and a paused pipe never sees its EOF.
-        while chunk := await stream.read(_CHUNK):
-            if self.over.is_set():
-                continue
-            self.seen += len(chunk)
-            room = self.keep - self.kept
-            if room > 0:
-                self.chunks[name].append(chunk[:room])
-                self.kept += min(room, len(chunk))
-            if self.seen > self.limit:
-                self.over.set()
-
-    def text(self, name: str) -> str:
-        return b"".join(self.chunks[name]).decode("utf-8", errors="replace")
-
-
 class Sandbox:
     """A throw-away work dir and the means to run commands in it (see the module docstring).
 
@@ -249,9 +145,11 @@ class Sandbox:
     ``env``: extra environment variables for every command.
     """
 
+    reap_s: float = 5.0  # as root under bwrap: how long `run` / `kill` wait for the uid's leftovers
+
     def __init__(
         self,
-        limits: SandboxLimits = SandboxLimits(),
+        limits: SandboxLimits = SandboxLimits(),  # noqa: B008 (frozen: one shared default is safe)
         *,
         isolation: str = "auto",
         read_only: Sequence[str | Path] = (),
@@ -273,7 +171,7 @@ class Sandbox:
         self.hide: tuple[Path, ...] = tuple(Path(p).resolve() for p in hide)
         root = os.geteuid() == 0
         # A fresh uid per sandbox (as root, bwrap): its process count is the sandbox's alone.
-        self.uid: int | None = (1 << 24) + secrets.randbelow(1 << 24) if root and self.isolation == "bwrap" else None
+        self.uid: int | None = fresh_uid() if root and self.isolation == "bwrap" else None
         self.lost: tuple[str, ...] = (
             () if self.isolation == "bwrap" else _LOST_WITHOUT_BWRAP + (("process limit",) if root else ()))
         self.workdir: Path = Path(tempfile.mkdtemp(prefix="arl-sandbox-"))
@@ -286,6 +184,8 @@ class Sandbox:
             "PYTHONDONTWRITEBYTECODE": "1", **dict(env or {}),
         }
         self._procs: set[asyncio.subprocess.Process] = set()
+        self._starting = 0  # `_start` calls between their reap check and `_procs`: they will use the uid
+        self._reaping = False  # the uid's leftovers are being killed: no command starts meanwhile
         self._finalizer = weakref.finalize(self, _remove_tree, str(self.workdir))
 
     # -- commands --------------------------------------------------------------------------------
@@ -293,7 +193,8 @@ class Sandbox:
         self, command: str, *, limits: SandboxLimits | None = None, stdin: str | None = None,
         read_only: Sequence[str | Path] = (),
     ) -> CommandResult:
-        """``bash -c command`` in the work dir; ``read_only`` binds more paths for this command only."""
+        """``bash -c command`` in the work dir; ``read_only`` binds more paths for this command only.
+        Cancelling it kills the command."""
         limits = limits or self.limits
         start = time.monotonic()
         try:
@@ -301,7 +202,7 @@ class Sandbox:
                                      stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL)
         except OSError as exc:
             return CommandResult("error", None, "", "", False, time.monotonic() - start, error=str(exc))
-        output = _Output(limits.output_bytes, limits.drain_bytes)
+        output = CappedOutput(limits.output_bytes, limits.drain_bytes)
         readers = [asyncio.ensure_future(output.read("stdout", proc.stdout)),
                    asyncio.ensure_future(output.read("stderr", proc.stderr))]
         feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
@@ -323,6 +224,7 @@ class Sandbox:
             for task in (over, feeder, waiter, *readers):
                 if task is not None and not task.done():
                     task.cancel()
+            self._kill(proc)  # ended, unless run() itself was cancelled: then it must not outlive it
             self._procs.discard(proc)
         returncode = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         fatal = _signal_of(returncode)
@@ -333,10 +235,12 @@ class Sandbox:
             status = "output_limit"
         stderr = output.text("stderr")
         error = _setup_error(stderr) if status == "ok" and exit_code == 1 else None
-        return CommandResult(
-            "error" if error else status, exit_code, output.text("stdout"), stderr, output.seen > output.kept,
+        result = CommandResult(
+            "error" if error else status, exit_code, output.text("stdout"), stderr, output.truncated,
             time.monotonic() - start, output_bytes=output.seen, signal=fatal, error=error,
         )
+        await self._reap()
+        return result
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str], limits: SandboxLimits | None = None,
@@ -354,39 +258,48 @@ class Sandbox:
             full = self._bwrap_argv(env, read_only) + limits_prefix(limits) + argv
             kwargs: dict[str, Any] = {"env": {}}
         else:
-            full = limits_prefix(limits, _user_processes() if os.geteuid() != 0 else 0) + argv
+            full = limits_prefix(limits, uid_processes(os.getuid()) if os.geteuid() != 0 else 0) + argv
             kwargs = {"env": env, "cwd": self.workdir}
-        proc = await asyncio.create_subprocess_exec(
-            *full, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, **kwargs,
-        )
+        while self._reaping:  # a process started now would be killed with the uid's leftovers
+            await asyncio.sleep(0.005)
+        self._starting += 1  # from here on `_reap` leaves the uid alone (no await since the check)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *full, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True, **kwargs,
+            )
+        finally:
+            self._starting -= 1
         self._procs.add(proc)
         return proc
 
     def _bwrap_argv(self, env: Mapping[str, str], read_only: Sequence[str | Path]) -> list[str]:
-        argv = _bwrap_base(self.uid is not None)
-        made: set[Path] = {Path(p) for p in ("/", "/tmp", "/proc", "/dev", "/etc", *_ROOT_LINKS)}
-        bound: list[Path] = [Path("/usr")]
-        for path in (*self.read_only, *(Path(p).resolve() for p in read_only)):
-            if any(path.is_relative_to(b) for b in bound):
-                continue  # already visible
-            # bwrap makes missing parents 0700 (unreadable after the uid drop): make them 0755 first
-            for parent in reversed(path.parents):
-                if parent not in made and not any(parent.is_relative_to(b) for b in bound):
-                    made.add(parent)
-                    argv += ["--perms", "0755", "--dir", str(parent)]
-            argv += ["--ro-bind", str(path), str(path)]
-            bound.append(path)
-        for path in self.hide:
-            if any(path.is_relative_to(p) for p in self.read_only):
-                argv += ["--tmpfs", str(path)]
-        argv += ["--bind", str(self.workdir), SANDBOX_CWD, "--chdir", SANDBOX_CWD, "--clearenv"]
-        for key, value in env.items():
-            argv += ["--setenv", key, value]
-        if self.uid is not None:
-            argv += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
-        return argv
+        return bwrap_argv(self.workdir, env, read_only=self.read_only, hide=self.hide, uid=self.uid,
+                          also_read_only=[Path(p).resolve() for p in read_only])
+
+    async def _reap(self) -> None:
+        """As root under bwrap: return once no process of the sandbox's uid is left (`reap_uid`:
+        killed, then waited for, at most `reap_s`; what is left then is logged, never raised).
+
+        bwrap can return while the kernel still tears the command's PID namespace down (after a
+        kill, and now and then after an ordinary exit): without this, a fork bomb's processes
+        could still be listed, and counted against the next command's process limit.
+        Skipped while another command or spawned process of this sandbox runs or starts: it has
+        the same uid, and would be killed too (the last one to end reaps).
+        """
+        if self.uid is None or self._procs or self._starting or self._reaping:
+            return
+        self._reaping = True
+        try:
+            left = await reap_uid(self.uid, self.reap_s)
+        except OSError as exc:  # setpriv could not start (e.g. out of processes): say so, carry on
+            log.warning("sandbox uid %d: could not kill its leftover processes: %s", self.uid, exc)
+            return
+        finally:
+            self._reaping = False
+        if left:
+            log.warning("sandbox uid %d: %d process(es) still listed %.1f s after its command ended",
+                        self.uid, left, self.reap_s)
 
     def command_line(self, command: str) -> str:
         """The full host command line `run` would start (for logs and debugging)."""
@@ -429,13 +342,15 @@ class Sandbox:
                 os.killpg(proc.pid, signal.SIGKILL)
 
     async def kill(self) -> None:
-        """Kill every process this sandbox started (each one's process group)."""
+        """Kill every process this sandbox started (each one's process group; as root under
+        bwrap, every process of its uid, waited for as in `run`)."""
         procs, self._procs = list(self._procs), set()
         for proc in procs:
             self._kill(proc)
         for proc in procs:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait(), timeout=5.0)
+        await self._reap()
 
     async def close(self) -> None:
         """Kill what runs and remove the work dir (safe to call twice)."""

@@ -16,7 +16,11 @@ from pathlib import Path
 import attrs
 import pytest
 
+from arl.envs import bwrap as bwrap_module
+from arl.envs import capped_output as capped_output_module
+from arl.envs import rlimits as rlimits_module
 from arl.envs import sandbox as sandbox_module
+from arl.envs.bwrap import uid_processes
 from arl.envs.sandbox import CommandResult, Sandbox, SandboxLimits, SandboxUnavailable, bwrap_problem
 
 pytestmark = pytest.mark.anyio
@@ -36,17 +40,6 @@ async def _listener() -> tuple[asyncio.AbstractServer, int, list[bytes]]:
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1], seen
-
-
-def _uid_processes(uid: int) -> int:
-    count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                count += entry.stat().st_uid == uid
-            except OSError:
-                pass
-    return count
 
 
 # -- basics, in both modes ----------------------------------------------------------------------
@@ -153,14 +146,8 @@ async def test_fork_bomb_is_bounded():
     async with Sandbox(limits) as sb:
         result = await sb.run(":(){ :|:& };:")
         assert result.status in ("ok", "timeout", "killed")
-        if sb.uid is not None:  # as root: every process of the sandbox's uid is gone
-            # killed, but the kernel tears a bomb's processes down asynchronously (a fresh-clone CI
-            # saw 3 still listed right after run() returned): wait for it, bounded
-            for _ in range(50):
-                if _uid_processes(sb.uid) == 0:
-                    break
-                await asyncio.sleep(0.1)
-            assert _uid_processes(sb.uid) == 0
+        if sb.uid is not None:  # as root: run() returned only once every process of the sandbox's uid was gone
+            assert uid_processes(sb.uid) == 0
         assert (await sb.run("echo alive")).stdout == "alive\n"  # the sandbox (and we) carry on
 
 
@@ -188,6 +175,59 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+def _running(marker: str) -> list[str]:
+    return [p for p in os.listdir("/proc") if p.isdigit() and marker in _cmdline(p)]
+
+
+@pytest.mark.parametrize("isolation", MODES)
+async def test_a_cancelled_run_kills_its_command(isolation):
+    async with Sandbox(FAST, isolation=isolation) as sb:
+        marker = f"arl-cancel-{secrets.token_hex(6)}"
+        task = asyncio.ensure_future(sb.run(f"touch started && exec -a {marker} sleep 600"))
+        for _ in range(200):  # bounded: until the command runs
+            if (sb.workdir / "started").exists() and _running(marker):
+                break
+            await asyncio.sleep(0.025)
+        assert _running(marker)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):  # the kill is sent at once; the kernel may take a moment to remove it
+            if not _running(marker):
+                break
+            await asyncio.sleep(0.02)
+        assert _running(marker) == []
+
+
+@needs_bwrap
+async def test_reaping_leaves_a_running_process_of_the_sandbox_alone():
+    """The uid is shared by all of a sandbox's processes: a command that ends while a spawned one
+    runs must not take it down; `kill` then leaves no process of the uid."""
+    async with Sandbox(FAST) as sb:
+        agent = await sb.spawn(["sleep", "600"], env={})
+        assert (await sb.run("sleep 30 & echo left")).stdout == "left\n"
+        assert agent.returncode is None
+        await sb.kill()
+        assert agent.returncode is not None
+        if sb.uid is not None:
+            assert uid_processes(sb.uid) == 0
+
+
+@needs_bwrap
+async def test_leftovers_past_the_bound_are_logged_not_raised(monkeypatch, caplog):
+    async with Sandbox(FAST) as sb:
+        if sb.uid is None:
+            pytest.skip("the uid is reaped only as root")
+        uid = sb.uid
+        real = bwrap_module.uid_processes
+        monkeypatch.setattr(bwrap_module, "uid_processes", lambda u: 1 if u == uid else real(u))  # one never dies
+        sb.reap_s = 0.2
+        with caplog.at_level(logging.WARNING, logger="arl.envs.sandbox"):
+            result = await sb.run("echo done")
+    assert result.ok and result.stdout == "done\n"
+    assert any(f"sandbox uid {uid}: 1 process(es) still listed" in r.getMessage() for r in caplog.records)
 
 
 @needs_bwrap
@@ -232,6 +272,14 @@ async def test_host_side_paths_do_not_follow_planted_links():
                 sb.write_file(bad, "x")
         assert sb.host_path("d/f.txt") == sb.workdir.resolve() / "d" / "f.txt"
         assert sb.host_path(f"{sb.cwd}/d") == sb.workdir.resolve() / "d"
+
+
+def test_doctests():
+    import doctest
+
+    for module in (bwrap_module, capped_output_module, rlimits_module):
+        failures, tried = doctest.testmod(module)
+        assert failures == 0 and tried > 0, module.__name__
 
 
 def test_result_is_typed():
