@@ -186,9 +186,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     engine = EngineSetting(concurrency=args.concurrency, context=args.context,
                            overhead_bytes=int(args.engine_overhead_gib * GiB))
-    settings = standard_settings(args.lora_rank, gradient_checkpointing=args.checkpointing,
-                                 micro_batch=args.micro_batch, seq_len=args.seq_len or args.context,
-                                 kl_reference=args.kl_reference)
+    try:
+        settings = standard_settings(args.lora_rank, gradient_checkpointing=args.checkpointing,
+                                     micro_batch=args.micro_batch, seq_len=args.seq_len or args.context,
+                                     response_len=args.response_len, kl_reference=args.kl_reference)
+    except ValueError as exc:  # e.g. a --response-len longer than the row
+        print(f"arl: {exc}", file=sys.stderr)
+        return 2
     gpus = [f"{g:g} GiB" for g in args.gpu_gb]
     print("| model | setting | trainable | weights | master | grads | AdamW | activations | step temp. | trainer "
           "| engine | total | " + " | ".join(gpus) + " |")
@@ -202,8 +206,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                                               plan.engine_bytes, plan.total_bytes)]
             fits = ["✓" if plan.fits(g, args.usable) else "✗" for g in args.gpu_gb]
             print(f"| {shape.name} | {plan.setting} | {plan.trainable / 1e6:,.1f}M | " + " | ".join(gib + fits) + " |")
+    head = "every" if args.response_len is None else f"{args.response_len} response"
     print(f"\nGiB. Trainer: AdamW (fp32 states), micro-batch {settings[0].micro_batch} x {settings[0].seq_len} "
-          f"tokens, gradient checkpointing {'on' if args.checkpointing else 'off'}"
+          f"tokens, logits at {head} positions per row, gradient checkpointing {'on' if args.checkpointing else 'off'}"
           f"{', a KL reference copy' if args.kl_reference else ''}. Engine: vLLM in bf16, KV cache for "
           f"{args.concurrency} x {args.context} tokens, {args.engine_overhead_gib:g} GiB overhead (an assumption). "
           f"trainer = weights + master + grads + AdamW + max(activations, step temporaries). "
@@ -279,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=4096, help="tokens per sequence (max_model_len)")
     p.add_argument("--micro-batch", type=int, default=1, help="rows per trainer forward/backward")
     p.add_argument("--seq-len", type=int, default=None, help="padded tokens per trainer row (default: --context)")
+    p.add_argument("--response-len", type=int, default=None,
+                   help="positions per row whose logits predict a response token: the LM head and log-probs "
+                        "run on those alone (default: the whole row, the worst case)")
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
                    help="plan without gradient checkpointing")
     p.add_argument("--kl-reference", action="store_true", help="a KL reference policy (algo.kl_coef > 0)")

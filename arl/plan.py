@@ -21,7 +21,8 @@ What the estimate leaves out, on purpose: the CUDA allocator's cached-but-free b
 Python/torch runtime on the host, sequence packing (arl pads micro-batches), and attention
 kernels that materialise the T x T score matrix (the math fallback; flash / memory-efficient
 SDPA kernels are assumed). benchmarks/memory.py measures the trainer terms on CPU (RSS) and
-prints them beside this prediction.
+prints them beside this prediction, and counts the live tensor bytes at each activation peak
+(torch's profiler) against `activation_bytes`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "ModelShape",
     "TrainSetting",
     "activation_bytes",
+    "head_activation_bytes",
     "kv_cache_bytes",
     "layer_activation_bytes",
     "lora_parameter_count",
@@ -189,50 +191,104 @@ def layer_activation_bytes(
     return norms + attention + mlp + adapter_inputs + 4 * lora_rank * len(targets)
 
 
+def head_activation_bytes(shape: ModelShape, dtype: DType, *, lora_rank: int | None = None) -> int:
+    """Bytes autograd saves per position whose logits the update keeps (`predicting_positions`):
+    the language-model head and `token_logprobs` (checked with saved_tensors_hooks, as the layers).
+
+      4V            the logits / T in fp32 (logsumexp and gather keep them)
+      + 4 + 4 + 8   the log-sum-exp, the log-prob (index_copy keeps it) and the target id (int64)
+      + bH          full fine-tune only: the kept hidden states, lm_head's input (for its weight)
+
+    Worked example, tiny (V 697, H 128) in fp32, full fine-tune: 2788 + 16 + 512 = 3316.
+
+    >>> head_activation_bytes(KNOWN_SHAPES["tiny"], "fp32")
+    3316
+    """
+    return 4 * shape.vocab_size + 16 + (BYTES[dtype] * shape.hidden_size if lora_rank is None else 0)
+
+
 def activation_bytes(
     shape: ModelShape, rows: int, seq_len: int, dtype: DType, *, checkpointing: bool, padded: bool = True,
-    lora_rank: int | None = None, lora_targets: Sequence[str] = ALL_LINEAR,
+    lora_rank: int | None = None, lora_targets: Sequence[str] = ALL_LINEAR, response_len: int | None = None,
+    accumulating: bool = True,
 ) -> int:
-    """Peak activation memory of one micro-batch of N = rows * seq_len tokens, forward + backward.
+    """Peak activation memory of one micro-batch, forward + backward: N = rows * seq_len tokens
+    run through the layers, R = rows * response_len positions through the head.
 
-        no checkpointing:  N * (L * a_layer + max(a_head, bV + 3bI))
-        checkpointing:     N * (L * bH + max(a_head, bV + a_layer + 3bI))
+        peak = max(N (L a_layer + a_pos) + max(head, lm_head, layer),  embedding)
+        (checkpointing: L bH for L a_layer, and layer + N a_layer)
 
-    The peak is either at the head's backward (every layer's activations alive) or at a layer's
-    backward, where the logits are still held and the MLP's first gradients (down_proj's input,
-    then both factors of the product: 3bI) join that layer's saved tensors; with checkpointing
-    each layer keeps only its input (bH) and the layer being differentiated is recomputed.
-        a_head = 4H + 4 [+ 2bH full fine-tune]    the final norm, as a layer's norm
-               + bV                               logits (the loss loop holds them)
-               + 4V                               token_logprobs' fp32 logits / T (logsumexp keeps it)
-               + 2 * 4V                           backward: the softmax and the gathered gradient
+    The update asks the model for logits only at the positions that predict a response token
+    (`arl.algo.predicting_positions`, the union over the micro-batch's rows: response_len per row;
+    None = the whole row, the worst case, e.g. trajectory mode with turns spread over the row), so
+    the vocabulary terms cost R positions and the layers all N tokens.
+        a_pos  = 2b head_dim [+ 8 full fine-tune]  RoPE's cos and sin (shared by the layers); the
+                                                   embedding's token ids (for its weight)
+        a_norm = 4H + 4 [+ bH full fine-tune]      the final norm at every position (it runs before
+                                                   the head picks its positions), as a layer's norm
+        a_head = bV                                the logits (the loss loop holds them throughout)
+               + `head_activation_bytes`           what autograd keeps of the head and log-probs
+               + 3 * 4V                            the log-softmax's backward (fp32 temporaries)
+    The backward runs head, layers, embedding; each moment below can be the peak:
+        head      = N a_norm + R a_head                   the log-softmax's backward
+        lm_head   = N a_norm + 2bV R + bVH                lm_head's backward computes its weight's
+                                                          gradient (full fine-tune, tied or accumulating)
+        layer     = R bV + N 3bI [+ bVH tied]             a layer's backward: its MLP's first gradients
+        embedding = R bV + 2bVH + max(N bH, [bVH acc])    tied full fine-tune: the embedding's gradient
+    With gradient accumulation (`accumulating`: a micro-batch after the first of an optimizer step,
+    the worst case) a weight's gradient is a temporary beside the earlier micro-batches' .grad;
+    without, the first one becomes .grad (counted in the plan's gradients). A tied lm_head's
+    gradient waits in autograd's buffer until the embedding's joins it (bVH through the layers'
+    backward, then the two and, accumulating, their sum). `benchmarks/memory.py --points peaks`
+    checks every moment against a profiler's count of live tensor bytes (tiny and SmolLM2 cut to
+    2 layers; fp32 and bf16, full and LoRA, tied and not, long and short responses): the head,
+    lm_head and embedding moments agree within 0.4%; 3bI is an estimate (a layer's backward peaks
+    at its MLP product's, or at a norm's; LoRA in bf16 peaks in the last layer's forward): the
+    tiny model's layer moments lie within 8%, a share that shrinks with 24+ layers.
 
-    a_layer = `layer_activation_bytes`. The vocabulary term dominates models with large
-    vocabularies: full-vocabulary log-probs in fp32, unchunked, cost Qwen2.5 (V = 152k) ~1.9 MiB
-    per token in bf16, more than all 24 layers of the 0.5B model. The update computes them only
-    at the positions that predict a response token (`arl.algo.predicting_positions`); this plan
-    charges them to every token, so it is exact when responses fill the rows and an upper bound
-    otherwise (a step-mode batch with short answers needs less). rows = 0 gives 0.
+    a_layer = `layer_activation_bytes`. Qwen2.5 (V = 152k) costs ~2.6 MiB per kept position in
+    bf16, more than all 24 layers of the 0.5B model per token. With LoRA autograd keeps 4H + 4 per
+    token less than charged (the first layer's first norm: the frozen embedding's output needs no
+    gradient). rows = 0 gives 0.
 
-    Worked example, tiny (V 697) in fp32, 4 padded rows x 256 tokens, no checkpointing:
-    a_head = 516 + 1024 + 2788 + 2788 + 5576 = 12692; 1024 * (2 * 14360 + 12692) = 42,405,888.
+    Worked example, tiny (V 697, H 128, head_dim 32, tied) in fp32, full fine-tune, 4 padded rows x
+    256 tokens, no checkpointing: a_layer 14360, a_pos 256 + 8 = 264, a_norm 516 + 512 = 1028,
+    a_head 2788 + 3316 + 8364 = 14468, bVH 356,864. Whole rows (R = N = 1024): the head's backward,
+    1024 * (2 * 14360 + 264 + 1028 + 14468) = 45,547,520. response_len 64 (R = 256): a layer's,
+    1024 * 28984 + 256 * 2788 + 1024 * 6144 + 356,864 = 37,041,664 (head 1024 * 1028 + 256 * 14468
+    = 4,756,480; lm_head 1,052,672 + 256 * 5576 + 356,864 = 2,836,992; embedding 4,092,928 in all).
 
-    >>> activation_bytes(KNOWN_SHAPES["tiny"], 4, 256, "fp32", checkpointing=False)
-    42405888
+    >>> tiny = KNOWN_SHAPES["tiny"]
+    >>> activation_bytes(tiny, 4, 256, "fp32", checkpointing=False)
+    45547520
+    >>> activation_bytes(tiny, 4, 256, "fp32", checkpointing=False, response_len=64)
+    37041664
     """
-    if rows < 0 or seq_len < 0:
-        raise ValueError(f"rows and seq_len must be >= 0, got {rows} and {seq_len}")
+    response_len = seq_len if response_len is None else response_len
+    if rows < 0 or seq_len < 0 or not 0 <= response_len <= seq_len:
+        raise ValueError(f"need rows >= 0, seq_len >= 0 and 0 <= response_len <= seq_len, "
+                         f"got {rows}, {seq_len} and {response_len}")
+    if rows == 0:
+        return 0
     b = BYTES[dtype]
     h, v = shape.hidden_size, shape.vocab_size
+    full = lora_rank is None
+    tied = full and shape.tie_word_embeddings
+    tokens, kept = rows * seq_len, rows * response_len
     a_layer = layer_activation_bytes(shape, dtype, seq_len, padded=padded, lora_rank=lora_rank,
                                      lora_targets=lora_targets)
-    a_head = 4 * h + 4 + (2 * b * h if lora_rank is None else 0) + b * v + 4 * v + 2 * 4 * v
-    layer_backward = 3 * b * shape.intermediate_size
-    if checkpointing:
-        per_token = shape.num_layers * b * h + max(a_head, b * v + a_layer + layer_backward)
-    else:
-        per_token = shape.num_layers * a_layer + max(a_head, b * v + layer_backward)
-    return rows * seq_len * per_token
+    a_pos = 2 * b * shape.head_dim + (8 if full else 0)
+    a_norm = 4 * h + 4 + (b * h if full else 0)
+    a_head = b * v + head_activation_bytes(shape, dtype, lora_rank=lora_rank) + 3 * 4 * v
+    lm_head_grad = b * v * h  # lm_head's weight gradient (the embedding's too, when tied)
+    head = tokens * a_norm + kept * a_head
+    lm_head = tokens * a_norm + 2 * b * v * kept + lm_head_grad if full and (tied or accumulating) else 0
+    layer = (kept * b * v + (lm_head_grad if tied else 0)
+             + tokens * (3 * b * shape.intermediate_size + (a_layer if checkpointing else 0)))
+    body = tokens * (shape.num_layers * (b * h if checkpointing else a_layer) + a_pos) + max(head, lm_head, layer)
+    embedding = (kept * b * v + 2 * lm_head_grad + max(tokens * b * h, lm_head_grad if accumulating else 0)
+                 if tied else 0)
+    return max(body, embedding)
 
 
 def kv_cache_bytes(shape: ModelShape, tokens: int, dtype: DType = "bf16") -> int:
@@ -257,7 +313,8 @@ def kv_cache_bytes(shape: ModelShape, tokens: int, dtype: DType = "bf16") -> int
 
 @attrs.frozen
 class TrainSetting:
-    """How the policy is trained: full fine-tune or LoRA, precision, micro-batch, checkpointing."""
+    """How the policy is trained: full fine-tune or LoRA, precision, micro-batch, checkpointing, and
+    how many positions per row the head runs on."""
 
     lora_rank: int | None = None  # None: full fine-tune
     lora_targets: tuple[str, ...] = ALL_LINEAR
@@ -266,9 +323,20 @@ class TrainSetting:
     gradient_checkpointing: bool = False
     micro_batch: int = attrs.field(default=1, validator=attrs.validators.ge(1))  # rows per forward/backward
     seq_len: int = attrs.field(default=4096, validator=attrs.validators.ge(1))  # padded tokens per row
+    # positions per row whose logits predict a response token (the head runs on those alone);
+    # None: the whole row, the worst case (trajectory mode: turns spread over the row)
+    response_len: int | None = attrs.field(default=None)
+    # several micro-batches per optimizer step: the later ones' weight gradients are temporaries
+    # beside the earlier ones' .grad (the worst case; False: one micro-batch per step)
+    accumulating: bool = True
     padded: bool = True  # rows of different lengths (arl right-pads them): a mask reaches SDPA
     kl_reference: bool = False  # a KL reference policy (algo.kl_coef > 0)
     device: Literal["cuda", "cpu"] = "cuda"  # decides AdamW's implementation (foreach on CUDA)
+
+    @response_len.validator
+    def _check_response_len(self, attribute: attrs.Attribute, value: int | None) -> None:
+        if value is not None and not 0 <= value <= self.seq_len:
+            raise ValueError(f"response_len must lie in [0, seq_len = {self.seq_len}], got {value}")
 
     @property
     def label(self) -> str:
@@ -354,9 +422,10 @@ def plan_memory(shape: ModelShape, train: TrainSetting, engine: EngineSetting | 
     Gradients count during the forward and backward: with gradient accumulation over arl's
     micro-batches, the earlier micro-batches' gradients are alive during the later ones.
     Optimizer-step temporaries: CUDA's foreach AdamW holds one fp32 tensor per trainable parameter
-    (sqrt of exp_avg_sq) for the whole list, the CPU's per-tensor AdamW one for the largest tensor;
+    (sqrt of exp_avg_sq) for the whole list, the CPU's per-tensor AdamW two for the largest tensor
+    (the sqrt and its quotient by the bias correction, alive together: a profiler's count);
     an fp32 master copy needs its gradients in fp32 too (4P, cast from the bf16 ones); the last
-    micro-batch's logits are still alive during the step (arl's loss loop holds them).
+    micro-batch's logits (at its kept positions) are still alive during the step (the loss loop holds them).
     arl's trainer (``optim.precision: bf16``) realises "full bf16 + fp32 master" as fp32 weights under
     bf16 autocast: the bf16 weight copies live only through the forward/backward, beside fp32
     gradients (2P more than counted here then), and the optimizer step casts no gradients (4P less).
@@ -365,18 +434,19 @@ def plan_memory(shape: ModelShape, train: TrainSetting, engine: EngineSetting | 
 
     Worked example, tiny, full fp32, 4 x 256 tokens, trainer only (P = 581,888: 89,216 embedding,
     2 x 246,272 per layer, 128 final norm): 4P + 4P + 8P = 9,310,208 bytes of state; activations
-    42,405,888 (see `activation_bytes`) > temporaries 4 * 89,216 + 1024 * 697 * 4 = 3,211,776.
+    45,547,520 (see `activation_bytes`) > temporaries 2 * 4 * 89,216 + 1024 * 697 * 4 = 3,568,640.
 
     >>> p = plan_memory(KNOWN_SHAPES["tiny"], TrainSetting(micro_batch=4, seq_len=256, device="cpu"), None)
     >>> p.parameters, p.weights + p.gradients + p.optimizer, p.activations, p.trainer_bytes
-    (581888, 9310208, 42405888, 51716096)
+    (581888, 9310208, 45547520, 54857728)
     """
     params = parameter_count(shape)
     b = BYTES[train.dtype]
-    tokens = train.micro_batch * train.seq_len
+    kept = train.micro_batch * (train.seq_len if train.response_len is None else train.response_len)
     activations = activation_bytes(shape, train.micro_batch, train.seq_len, train.dtype,
                                    checkpointing=train.gradient_checkpointing, padded=train.padded,
-                                   lora_rank=train.lora_rank, lora_targets=train.lora_targets)
+                                   lora_rank=train.lora_rank, lora_targets=train.lora_targets,
+                                   response_len=train.response_len, accumulating=train.accumulating)
     projections = projection_shapes(shape)
     if train.lora_rank is None:
         trainable = params
@@ -387,7 +457,7 @@ def plan_memory(shape: ModelShape, train: TrainSetting, engine: EngineSetting | 
         trainable = lora_parameter_count(shape, train.lora_rank, train.lora_targets)
         weights, master, gradients, reference = b * params + 4 * trainable, 0, 4 * trainable, 0
         largest = max((train.lora_rank * max(projections[t]) for t in train.lora_targets), default=0)
-    optimizer_temp = 4 * (trainable if train.device == "cuda" else largest) + master + tokens * shape.vocab_size * b
+    optimizer_temp = 4 * (trainable if train.device == "cuda" else 2 * largest) + master + kept * shape.vocab_size * b
     plan = MemoryPlan(
         model=shape.name, setting=train.label, parameters=params, trainable=trainable,
         weights=weights, master=master, gradients=gradients, optimizer=ADAM_STATE_BYTES * trainable,
@@ -405,11 +475,11 @@ def plan_memory(shape: ModelShape, train: TrainSetting, engine: EngineSetting | 
 
 def standard_settings(
     lora_ranks: Sequence[int] = (16, 64), *, gradient_checkpointing: bool = True, micro_batch: int = 1,
-    seq_len: int = 4096, kl_reference: bool = False,
+    seq_len: int = 4096, response_len: int | None = None, kl_reference: bool = False,
 ) -> list[TrainSetting]:
     """The README table's rows: full fp32, full bf16 + fp32 master, LoRA rank r in bf16 (each r)."""
     common = dict(gradient_checkpointing=gradient_checkpointing, micro_batch=micro_batch, seq_len=seq_len,
-                  kl_reference=kl_reference)
+                  response_len=response_len, kl_reference=kl_reference)
     return [
         TrainSetting(dtype="fp32", **common),
         TrainSetting(dtype="bf16", fp32_master=True, **common),

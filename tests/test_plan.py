@@ -124,12 +124,10 @@ def test_kv_cache_and_activation_edge_cases():
     assert ckpt < full / 2
 
 
-def _saved_bytes_per_token(shape, layers, *, dtype, padded, lora_rank=None, rows=2, seq_len=96):
-    """Bytes of the distinct tensors autograd saves in a forward pass + arl's token_logprobs, per
-    token, for `shape` cut to `layers` layers (random weights, CPU)."""
+def _random_model(shape, layers, *, dtype, lora_rank=None):
+    """The transformers model of `shape` cut to `layers` layers, random weights, CPU, train mode
+    (with a peft LoRA adapter on every linear layer when `lora_rank` is given)."""
     import torch
-
-    from arl.algo import token_logprobs
 
     model = _meta_model(attrs.evolve(shape, num_layers=layers)).to_empty(device="cpu")
     model = model.to(torch.float32 if dtype == "fp32" else torch.bfloat16).train()
@@ -142,10 +140,24 @@ def _saved_bytes_per_token(shape, layers, *, dtype, padded, lora_rank=None, rows
         import peft
 
         model = peft.get_peft_model(model, peft.LoraConfig(r=lora_rank, target_modules=list(ALL_LINEAR)))
-    ids = torch.randint(0, shape.vocab_size, (rows, seq_len), generator=torch.Generator().manual_seed(0))
+    return model
+
+
+def _saved_bytes(model, vocab_size, *, padded, rows=2, seq_len=96, response_len=None):
+    """Bytes of the distinct tensors (not weights) autograd saves in a forward pass + arl's
+    token_logprobs: on every position (`response_len` None), or as the update computes them, on the
+    `predicting_positions` of rows whose last `response_len` tokens are the response
+    (`response_logits` + `token_logprobs(positions=...)`)."""
+    import torch
+
+    from arl.algo import predicting_positions, token_logprobs
+    from arl.train.update import response_logits
+
+    ids = torch.randint(0, vocab_size, (rows, seq_len), generator=torch.Generator().manual_seed(0))
     mask = torch.ones(rows, seq_len, dtype=torch.long)
     if padded:
         mask[-1, -8:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -153,10 +165,21 @@ def _saved_bytes_per_token(shape, layers, *, dtype, padded, lora_rank=None, rows
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
-        token_logprobs(logits, ids)
+        if response_len is None:
+            token_logprobs(model(**inputs).logits, ids)
+        else:
+            response_mask = torch.zeros(rows, seq_len)
+            response_mask[:, seq_len - response_len :] = 1
+            keep = predicting_positions(response_mask)
+            assert keep.numel() == response_len
+            token_logprobs(response_logits(model, inputs, keep), ids, positions=keep)
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    return sum(n for ptr, n in saved.items() if ptr not in weights) / (rows * seq_len)
+    return sum(n for ptr, n in saved.items() if ptr not in weights)
+
+
+def _saved_bytes_per_token(shape, layers, *, dtype, padded, lora_rank=None, rows=2, seq_len=96):
+    model = _random_model(shape, layers, dtype=dtype, lora_rank=lora_rank)
+    return _saved_bytes(model, shape.vocab_size, padded=padded, rows=rows, seq_len=seq_len) / (rows * seq_len)
 
 
 @pytest.mark.parametrize(("name", "dtype", "padded", "lora_rank"), [
@@ -170,6 +193,72 @@ def test_layer_activations_equal_what_autograd_saves(name, dtype, padded, lora_r
     shape = attrs.evolve(KNOWN_SHAPES[name], vocab_size=512)  # the head is not what this checks
     one, two = (_saved_bytes_per_token(shape, n, dtype=dtype, padded=padded, lora_rank=lora_rank) for n in (1, 2))
     assert two - one == plan_mod.layer_activation_bytes(shape, dtype, 96, padded=padded, lora_rank=lora_rank)
+
+
+@pytest.mark.parametrize(("name", "dtype", "lora_rank"), [
+    ("smollm2-135m", "fp32", None), ("smollm2-135m", "bf16", None), ("smollm2-135m", "bf16", 8),
+])
+def test_kept_positions_activations_equal_what_autograd_saves(name, dtype, lora_rank):
+    """The head on response_len < seq_len positions per row, as the update runs it: what autograd
+    saves through the whole forward is `activation_bytes` at the head's backward (the peak with a
+    real vocabulary and one micro-batch) less the logits the loss loop holds (bV) and the
+    backward's 3 * 4V, per kept position; plus two int64 index vectors (the kept positions, shared
+    by the rows) and, with LoRA, less the first layer's first norm (the frozen embedding's output
+    needs no gradient)."""
+    if lora_rank is not None:
+        pytest.importorskip("peft")
+    # `_random_model` unties lm_head from the embedding (to_empty copies them apart)
+    shape = attrs.evolve(KNOWN_SHAPES[name], num_layers=1, tie_word_embeddings=False)
+    b, v, h = BYTES[dtype], shape.vocab_size, shape.hidden_size
+    rows, seq_len = 2, 96
+    model = _random_model(shape, 1, dtype=dtype, lora_rank=lora_rank)
+    for response_len in (24, 72):  # two lengths pin both the per-token and the per-position terms
+        plan = activation_bytes(shape, rows, seq_len, dtype, checkpointing=False, lora_rank=lora_rank,
+                                response_len=response_len, accumulating=False)
+        unsaved = rows * response_len * (b * v + 3 * 4 * v)
+        index_vectors = 2 * 8 * response_len
+        first_norm = 0 if lora_rank is None else rows * seq_len * (4 * h + 4)
+        measured = _saved_bytes(model, v, padded=True, rows=rows, seq_len=seq_len, response_len=response_len)
+        assert measured == plan - unsaved + index_vectors - first_norm
+    # the whole row through the head costs the vocabulary terms at every position
+    whole = activation_bytes(shape, rows, seq_len, dtype, checkpointing=False, lora_rank=lora_rank, accumulating=False)
+    a_head = b * v + plan_mod.head_activation_bytes(shape, dtype, lora_rank=lora_rank) + 3 * 4 * v
+    assert whole - plan == rows * (seq_len - 72) * a_head
+
+
+def test_accumulating_full_fine_tune_adds_lm_heads_weight_gradient():
+    """A later micro-batch's lm_head backward holds its weight's gradient (bVH) beside the logits
+    and their gradient: the peak of a full fine-tune with short responses, not with long ones."""
+    shape, b = KNOWN_SHAPES["qwen2.5-7b"], 2
+    v, h = shape.vocab_size, shape.hidden_size
+    a_head = b * v + plan_mod.head_activation_bytes(shape, "bf16") + 3 * 4 * v
+
+    def act(response_len, accumulating, lora_rank=None):
+        return activation_bytes(shape, 1, 4096, "bf16", checkpointing=False, response_len=response_len,
+                                accumulating=accumulating, lora_rank=lora_rank)
+
+    assert act(256, True) - act(256, False) == b * v * h - 256 * (a_head - 2 * b * v)
+    assert act(1024, True) == act(1024, False)
+    assert act(256, True, lora_rank=16) == act(256, False, lora_rank=16)  # lm_head is frozen
+    assert activation_bytes(shape, 0, 4096, "bf16", checkpointing=False) == 0
+
+
+def test_tied_embedding_gradient_can_be_the_peak():
+    """A tied lm_head's gradient waits for the embedding's: with few tokens the end of the backward,
+    two (accumulating: three) vocabulary-sized gradients, is a full fine-tune's peak."""
+    shape, b = KNOWN_SHAPES["qwen2.5-0.5b"], 2
+    assert shape.tie_word_embeddings
+    w = b * shape.vocab_size * shape.hidden_size
+    logits = 8 * b * shape.vocab_size
+
+    def act(accumulating, **kw):
+        return activation_bytes(shape, 1, 64, "bf16", checkpointing=False, response_len=8, accumulating=accumulating, **kw)
+
+    assert act(True) == logits + 3 * w
+    assert act(False) == logits + 2 * w + 64 * b * shape.hidden_size
+    assert act(True, lora_rank=16) < w  # LoRA: lm_head and the embedding are frozen
+    untied = attrs.evolve(shape, tie_word_embeddings=False)
+    assert activation_bytes(untied, 1, 64, "bf16", checkpointing=False, response_len=8, accumulating=False) < w
 
 
 def test_plan_terms():
@@ -191,6 +280,27 @@ def test_plan_terms():
     more = plan_memory(shape, TrainSetting(), EngineSetting(concurrency=64))
     assert more.kv_cache == 2 * full32.kv_cache
     assert set(full32.breakdown()) >= {"weights", "kv_cache", "trainer", "engine", "total"}
+
+
+def test_response_len_charges_the_head_to_response_positions():
+    shape = KNOWN_SHAPES["qwen2.5-1.5b"]
+    setting = TrainSetting(lora_rank=16, dtype="bf16", seq_len=4096, gradient_checkpointing=True)
+    whole = plan_memory(shape, setting, None)
+    assert plan_memory(shape, attrs.evolve(setting, response_len=4096), None) == whole
+    short = plan_memory(shape, attrs.evolve(setting, response_len=512), None)
+    # the vocabulary dominates, but the layers still see 4096 tokens: more than an eighth of it
+    assert whole.activations / 8 < short.activations < whole.activations / 3
+    # the step's temporaries hold the last micro-batch's logits: at its kept positions only
+    assert whole.optimizer_temp - short.optimizer_temp == (4096 - 512) * shape.vocab_size * 2
+    with pytest.raises(ValueError, match="response_len"):
+        TrainSetting(seq_len=256, response_len=257)
+    with pytest.raises(ValueError, match="response_len"):
+        activation_bytes(shape, 1, 256, "bf16", checkpointing=True, response_len=-1)
+    # a short response in a tiny-vocabulary model: the peak moves to a layer's backward, where
+    # the head's saved tensors are gone and only its logits (bV per kept position) remain
+    tiny = KNOWN_SHAPES["tiny"]
+    one, two = (activation_bytes(tiny, 4, 256, "fp32", checkpointing=False, response_len=r) for r in (8, 16))
+    assert two - one == 4 * 8 * 4 * tiny.vocab_size
 
 
 def test_fits_and_the_readme_table_facts():
@@ -227,6 +337,29 @@ def test_cli_plan_table(capsys):
     assert rows[2].count("✓") + rows[2].count("✗") == 2
     assert rows[-1].endswith("| ✗ | ✓ |")  # 7B LoRA: not on 24 GiB, on 80 GiB
     assert main(["plan", "no-such-model"]) == 2
+    assert main(["plan", "qwen2.5-7b", "--lora-rank", "8", "--response-len", "512"]) == 0
+    out = capsys.readouterr().out
+    short = [line for line in out.splitlines() if line.startswith("| qwen")]
+    assert "512 response positions per row" in out
+    assert float(short[-1].split(" | ")[7]) < float(rows[-1].split(" | ")[7])  # activations, LoRA r=8
+    assert main(["plan", "tiny", "--seq-len", "256", "--response-len", "257"]) == 2
+
+
+@pytest.mark.slow
+def test_activation_moments_equal_the_profilers_count(tmp_path):
+    """benchmarks/memory.py --points peaks: the tiny model's live tensor bytes at its peak, counted
+    by torch's profiler, against `activation_bytes`: exact where the head, lm_head or embedding
+    moment is the peak, within 10% where a layer's backward (3bI, an estimate) is."""
+    out = tmp_path / "peaks.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--points", "peaks",
+                           "--models", "tiny", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (record,) = json.loads(out.read_text())["points"]
+    for setting, measured, predicted in zip(record["point"]["settings"], record["measured"]["peaks"],
+                                            record["predicted"]["peaks"], strict=True):
+        long_full = setting["response_len"] > 48 and setting["lora_rank"] is None and not setting["checkpointing"]
+        assert abs(measured / predicted - 1) < (1e-3 if long_full else 0.1), (setting, measured, predicted)
 
 
 @pytest.mark.slow
