@@ -13,6 +13,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from arl import memory_terms
 from arl import plan as plan_mod
 from arl.cli import main
 from arl.models import UnknownModelError
@@ -37,9 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL_CARD_BILLIONS = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61}
 
 
-def test_doctests():
-    failures, tried = doctest.testmod(plan_mod)
-    assert tried >= 8 and failures == 0
+@pytest.mark.parametrize("module", [plan_mod, memory_terms], ids=lambda m: m.__name__)
+def test_doctests(module):
+    failures, tried = doctest.testmod(module)
+    assert tried >= 2 and failures == 0
 
 
 def _meta_model(shape):
