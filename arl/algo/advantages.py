@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from arl.algo import step_level
 from arl.algo._groups import (
     CONSTANT_STD,
     Floats,
@@ -32,7 +33,7 @@ from arl.algo._groups import (
     _keys,
     group_normalize,
 )
-from arl.algo.step_level import (
+from arl.algo.step_level import (  # noqa: F401  (re-exported)
     EpisodeStats,
     Mode,
     Singleton,
@@ -42,19 +43,7 @@ from arl.algo.step_level import (
     step_advantages,
 )
 
-__all__ = [
-    "CONSTANT_STD",
-    "EpisodeStats",
-    "Mode",
-    "Singleton",
-    "discounted_returns",
-    "episode_advantages",
-    "gigpo",
-    "grpo",
-    "group_normalize",
-    "reinforce",
-    "step_advantages",
-]
+__all__ = ["CONSTANT_STD", "grpo", "group_normalize", "reinforce", *step_level.__all__]
 
 # ----------------------------------------------------------------------------------------------
 # REINFORCE and GRPO
