@@ -47,6 +47,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 async def _chat(args: argparse.Namespace) -> str:
     from arl.engine import SamplingParams, make_engine
 
+    route_torch_logs()
     async with make_engine(backend=args.backend, model=args.model, max_model_len=args.max_model_len) as engine:
         tok = engine.tokenizer
         ids = tok.apply_chat_template(
@@ -89,6 +90,7 @@ async def _train(config, resume: bool) -> list[dict]:
 
     from arl.train import Trainer
 
+    route_torch_logs()
     async with Trainer(config, resume=resume) as trainer:
         await trainer.setup()
         bar = tqdm(total=config.steps, initial=trainer.step_count, desc=config.name, unit="step")
@@ -123,6 +125,7 @@ async def _eval(args: argparse.Namespace) -> dict:
     config = ManagerConfig(max_tokens=args.max_tokens, temperature=args.temperature, history_len=args.history_len,
                            prompt_style=args.prompt_style)
     rollout = RolloutConfig(env_id=args.env, mode=args.mode, num_groups=1, group_size=1, manager=config)
+    route_torch_logs()
     async with make_engine(backend=args.backend, model=args.model) as engine:
         manager = make_manager(engine, rollout)
         groups = make_scheduler(rollout)
@@ -342,6 +345,25 @@ def setup_logging(verbose: int = 0, log_file: str | os.PathLike[str] | None = No
         handler._arl_cli = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     logging.captureWarnings(True)
+
+
+def route_torch_logs() -> None:
+    """Send torch's log records through the handlers above, like every other library's.
+
+    Importing torch gives its registered loggers ("torch", "torch._dynamo", ...) a stderr handler
+    of their own and stops them propagating, so their records would bypass the console filter and
+    the log file (the engine's start prints "Triton not available, find_triton_kernels = []" on a
+    CPU machine). The commands that load a model call this; it imports torch, which they load anyway.
+    """
+    import torch  # noqa: F401  (its loggers exist once it is imported)
+
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if not isinstance(logger, logging.Logger) or not (name == "torch" or name.startswith("torch.")):
+            continue
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+        if not logger.handlers:
+            logger.propagate = True
 
 
 # vLLM's CPU backend asks for tcmalloc and Intel's OpenMP in LD_PRELOAD "for best performance";

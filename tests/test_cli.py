@@ -60,3 +60,37 @@ def test_the_command_line_reruns_itself_with_the_fast_allocator(monkeypatch):
     monkeypatch.setenv("ARL_PRELOAD", "0")  # switched off
     cli._reexec_with_preload()
     assert len(calls) == 1
+
+
+@pytest.mark.vllm
+def test_eval_on_vllm_prints_only_its_results():
+    """The terminal gets results, not library chatter: vLLM's start-up notes, torch's C++ warnings and
+    torch's own loggers (which write to stderr through handlers of their own) stay off it."""
+    proc = subprocess.run([sys.executable, "-m", "arl.cli", "eval", "tiny", "--num-seeds", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr == ""
+    assert "eval/success_rate" in proc.stdout
+
+
+def test_torch_log_records_go_to_the_log_file_not_the_terminal(tmp_path, capsys):
+    import logging
+
+    import torch  # noqa: F401  (creates torch's loggers with their own stderr handlers)
+
+    from arl.cli import route_torch_logs, setup_logging
+
+    torch_loggers = {name: (lg, list(lg.handlers), lg.propagate) for name, lg in logging.root.manager.loggerDict.items()
+                     if isinstance(lg, logging.Logger) and (name == "torch" or name.startswith("torch."))}
+    try:
+        setup_logging(0, tmp_path / "arl.log")
+        route_torch_logs()
+        logging.getLogger("torch._library.triton").warning("Triton not available (test)")
+        logging.getLogger("arl.test").warning("arl says this once")
+        err = capsys.readouterr().err
+        assert "Triton" not in err and "arl says this once" in err
+        assert "Triton not available (test)" in (tmp_path / "arl.log").read_text()
+    finally:
+        for lg, handlers, propagate in torch_loggers.values():
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
