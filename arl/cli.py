@@ -360,9 +360,10 @@ def route_torch_logs() -> None:
     for name, logger in list(logging.root.manager.loggerDict.items()):
         if not isinstance(logger, logging.Logger) or not (name == "torch" or name.startswith("torch.")):
             continue
-        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+        own = [h for h in logger.handlers if type(h) is logging.StreamHandler]  # torch's stderr handler
+        for handler in own:
             logger.removeHandler(handler)
-        if not logger.handlers:
+        if own:  # whatever else is attached stays (TORCH_LOGS_OUT's file, a test runner's capture)
             logger.propagate = True
 
 
