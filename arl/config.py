@@ -154,6 +154,9 @@ class TrainConfig:
                 raise ValueError(f"model={self.model!r} and engine.model={self.engine.model!r} disagree: set model only")
             self.model = self.engine.model if self.model == DEFAULT_MODEL else self.model
         self.engine.model = self.model
+        if self.engine.sleep_mode and self.rollout.max_staleness > 0:
+            raise ValueError("engine.sleep_mode and rollout.max_staleness=1 exclude each other: the overlapped "
+                             "rollout runs on the engine during the update, when sleep mode would free it")
 
     @property
     def run_dir(self) -> Path:

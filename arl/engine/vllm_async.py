@@ -25,8 +25,10 @@ Shape and why:
   policy version; new requests carry it, running ones finish on the one they started with, and a
   replaced adapter is removed once its last request is done. All of that bookkeeping runs on the
   engine loop, so it needs no lock.
-- `sleep()`/`wake()` stay the base no-ops: vLLM's sleep mode is CUDA-only (rejected on CPU), and
-  for small models sleeping costs more than it saves (REFERENCE.md §5).
+- Sleep mode (``sleep_mode=True``, CUDA only): `sleep()` holds new requests on the engine loop,
+  waits for the running ones, then calls `AsyncLLM.sleep(level=1)` (KV cache dropped, weights to
+  host memory); `wake()` undoes it and releases the held requests. Off by default: for small
+  models sleeping costs more than it saves (REFERENCE.md §5).
 """
 
 from __future__ import annotations
@@ -137,13 +139,14 @@ class AsyncVLLMEngine(BaseEngine):
         kv_cache_memory_bytes: int | None = 256 * 2**20,
         max_num_seqs: int = 256,
         gpu_memory_utilization: float | None = None,
+        sleep_mode: bool = False,
         **extra: Any,
     ):
         configure_vllm_env()
         kw = engine_kwargs(
             model, max_model_len=max_model_len, seed=seed, dtype=dtype,
             kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
-            gpu_memory_utilization=gpu_memory_utilization, extra=extra,
+            gpu_memory_utilization=gpu_memory_utilization, extra=extra, sleep_mode=sleep_mode,
         )
         # A user-supplied extension must subclass WeightSyncExtension or update_weights breaks.
         kw.setdefault("worker_extension_cls", EXTENSION)
@@ -152,6 +155,13 @@ class AsyncVLLMEngine(BaseEngine):
 
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()  # in-flight requests, touched on the loop thread
+        self.sleep_mode = sleep_mode
+        self._awake = asyncio.Event()  # cleared by sleep(): new requests wait (engine loop only)
+        self._awake.set()
+        self._running = 0  # requests inside AsyncLLM.generate, and an event for "none" (engine loop)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._asleep = False
         self._closing = False
         self.weight_chunk_bytes = 256 * 2**20  # per update_weights message to the worker
         self._owns_tracker = not _resource_tracker_running()
@@ -218,11 +228,20 @@ class AsyncVLLMEngine(BaseEngine):
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        try:
+            await self._awake.wait()  # sleep mode: held until wake()
+        except asyncio.CancelledError:
+            self._tasks.discard(task)
+            if self._closing:
+                raise EngineError("engine closed while the request was waiting for wake()") from None
+            raise
         adapter = self._adapter
         lora = {"lora_request": adapter.request} if adapter is not None else {}
         if adapter is not None:
             adapter.in_flight += 1
         final = None
+        self._running += 1
+        self._idle.clear()
         try:
             async for out in self._llm.generate({"prompt_token_ids": prompt}, vparams, rid, **lora):
                 final = out
@@ -232,6 +251,9 @@ class AsyncVLLMEngine(BaseEngine):
             raise
         finally:
             self._tasks.discard(task)
+            self._running -= 1
+            if self._running == 0:
+                self._idle.set()
             if adapter is not None:
                 adapter.in_flight -= 1
                 if adapter is not self._adapter and adapter.in_flight == 0 and not self._closing:
@@ -242,6 +264,7 @@ class AsyncVLLMEngine(BaseEngine):
 
     # -- weights ----------------------------------------------------------------------------------
     async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        self._check_awake()
         # Iterating the caller's tensors and serializing them is CPU work: keep it off both loops.
         try:
             await asyncio.to_thread(self._push_weights, named_tensors)
@@ -272,6 +295,7 @@ class AsyncVLLMEngine(BaseEngine):
         if not self.lora_enabled:  # started without LoRA: the merged weights instead
             await super()._update_adapter(adapter)
             return
+        self._check_awake()
         served = await asyncio.to_thread(self._adapters.write, adapter, self.policy_version + 1)
         try:
             await self.on_engine_loop(self._add_adapter(served))
@@ -300,6 +324,42 @@ class AsyncVLLMEngine(BaseEngine):
         except Exception:  # it only costs memory until the engine closes
             _log.warning("vLLM failed to remove LoRA adapter %s", served.request.lora_name, exc_info=True)
         self._adapters.discard(served)
+
+    # -- sleep mode -------------------------------------------------------------------------------
+    async def sleep(self) -> None:
+        """Free the engine's GPU memory until `wake()` (an engine started with ``sleep_mode``; a no-op
+        otherwise): waits for the running requests to finish; requests made meanwhile wait for
+        `wake()`. The prefix cache does not survive (vLLM drops the KV cache)."""
+        self._check_open()
+        if self.sleep_mode and not self._asleep:
+            await self.on_engine_loop(self._sleep())
+
+    async def _sleep(self) -> None:
+        self._awake.clear()
+        await self._idle.wait()
+        await self._llm.reset_prefix_cache()
+        await self._llm.sleep(level=1)
+        self._asleep = True
+
+    async def wake(self) -> None:
+        """Undo `sleep()`: weights and KV cache back on the GPU, held requests start."""
+        self._check_open()
+        if self._asleep or not self._awake.is_set():
+            await self.on_engine_loop(self._wake())
+
+    async def _wake(self) -> None:
+        if self._asleep:
+            await self._llm.wake_up()
+            self._asleep = False
+        self._awake.set()
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    def _check_awake(self) -> None:
+        if self._asleep:  # vLLM's offloaded weights would not take the new ones
+            raise EngineError("the engine is asleep: wake() it before loading weights or adapters")
 
     async def loaded_adapters(self) -> set[int]:
         """LoRA ids the engine core holds now (the current adapter's, and replaced ones still
