@@ -33,6 +33,7 @@ quiet_logs()
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ("rollout", "advantages", "update", "weight_push")
+SLEEP_PHASES = ("engine_sleep", "engine_wake")  # engine.sleep_mode=true only
 DEFAULT_OVERRIDES = ["sft.steps=0", "eval.at_start=false", "eval.every=2", "eval.num_seeds=32",
                      "tensorboard=false", "keep_checkpoints=1"]
 
@@ -52,14 +53,14 @@ async def run(args: argparse.Namespace) -> list[dict[str, float]]:
         print(f"setup (engine start, model load) {time.perf_counter() - t0:.1f} s", flush=True)
         for i in range(args.steps):
             m = await trainer.step()
-            parts = {p: m[f"timing/{p}_s"] for p in PHASES}
+            parts = {p: m[f"timing/{p}_s"] for p in PHASES + SLEEP_PHASES if f"timing/{p}_s" in m}
             step_s = m["timing/step_s"]
             row = {**parts, "eval": step_s - sum(parts.values()) if "eval/success_rate" in m else 0.0,
                    "step": step_s, "samples": m.get("train/num_samples", 0.0),
                    "response_tokens": m.get("train/num_response_tokens", 0.0),
                    "turns": m.get("rollout/num_turns", 0.0), "evaluated": "eval/success_rate" in m}
             history.append(row)
-            print(f"  step {i + 1}: " + ", ".join(f"{k} {row[k]:.2f} s" for k in (*PHASES, "eval", "step")),
+            print(f"  step {i + 1}: " + ", ".join(f"{k} {row[k]:.2f} s" for k in (*parts, "eval", "step")),
                   flush=True)
     return history
 
@@ -82,7 +83,7 @@ def main() -> None:
     train_only = [h for h in measured if not h["evaluated"]] or measured
     step_no_eval = summary([h["step"] - h["eval"] for h in measured])
     rows, stats = [], {}
-    for p in PHASES:
+    for p in [p for p in PHASES + SLEEP_PHASES if p in measured[0]]:
         s = summary([h[p] for h in measured])
         stats[p] = s
         rows.append([p.replace("_", " "), cell(s, "{:.3f}"), f"{s['median'] / step_no_eval['median']:.1%}"])

@@ -12,7 +12,8 @@ A run directory is never cleared implicitly: a fresh run into one that holds a r
 (`RunExistsError`) unless ``resume=True`` or ``config.overwrite`` says which (`run_dir.py`).
 The policy update itself (micro-batches, PPO-clip, KL, IS correction) is `update.py`; this
 module is the loop around it: set-up, rollout, advantages, weight push, evaluation, records.
-With ``lora.rank > 0`` the policy is a peft model and only its adapter is trained, pushed and
+With ``engine.sleep_mode`` (vLLM on CUDA) the engine sleeps through every update, which then has
+the GPU memory of its KV cache and weights. With ``lora.rank > 0`` the policy is a peft model and only its adapter is trained, pushed and
 checkpointed (`lora.py`). ``optim.precision: bf16`` stores LoRA's frozen base in bf16 and runs full
 fine-tuning under bf16 autocast on fp32 master weights (`precision.py`).
 
@@ -184,8 +185,18 @@ class Trainer:
         advantages, adv_stats = self.advantages(samples)
         version = getattr(self.engine, "policy_version", None)
         t_adv = time.perf_counter()
-        train_metrics = await asyncio.to_thread(self.update, samples, advantages) if samples else {}
-        t_update = time.perf_counter()
+        if c.engine.sleep_mode:  # the update gets the engine's GPU memory (KV cache, weights)
+            await self.engine.sleep()
+        t_sleep = time.perf_counter()
+        try:
+            train_metrics = await asyncio.to_thread(self.update, samples, advantages) if samples else {}
+        finally:  # a failed update must not leave the engine asleep (its requests would wait forever)
+            t_update = time.perf_counter()
+            if c.engine.sleep_mode:
+                if torch.cuda.is_available():  # the update's cached blocks go back, for vLLM to wake into
+                    torch.cuda.empty_cache()
+                await self.engine.wake()
+        t_wake = time.perf_counter()
         await self.push_weights()
         t_push = time.perf_counter()
         train_metrics["train/weight_push_bytes"] = float(self.push_bytes)
@@ -200,11 +211,14 @@ class Trainer:
         metrics.update({
             "timing/rollout_s": t_rollout - t0,  # overlapped: the wait for a batch collected meanwhile
             "timing/advantages_s": t_adv - t_rollout,
-            "timing/update_s": t_update - t_adv,
-            "timing/weight_push_s": t_push - t_update,
+            "timing/update_s": t_update - t_sleep,
+            "timing/weight_push_s": t_push - t_wake,
             "train/lr": self.lr_schedule.get_last_lr()[0],
             "train/policy_version": float(self.step_count),  # updates applied (engine counters restart on resume)
         })
+        if c.engine.sleep_mode:
+            metrics["timing/engine_sleep_s"] = t_sleep - t_adv
+            metrics["timing/engine_wake_s"] = t_wake - t_update
         if self._eval_due():
             metrics.update(await self.evaluate())
         metrics["timing/step_s"] = time.perf_counter() - t0

@@ -216,3 +216,41 @@ async def test_spare_groups_train_on_the_first_finished_groups(tmp_path):
         metrics = await trainer.step()
     assert metrics["rollout/groups_dropped"] == 1
     assert metrics["rollout/num_episodes"] == 2 * 4  # num_groups x group_size, the spare dropped
+
+
+async def test_sleep_mode_frees_the_engine_through_every_update(tmp_path):
+    """engine.sleep_mode: each step sleeps the engine after the rollout, updates, wakes it, then
+    pushes the new weights (a sleeping vLLM engine refuses them); a failed update still wakes it."""
+    config = small_config(tmp_path, "engine.sleep_mode=true", "steps=2")
+    engine = scripted(config)
+    calls: list[str] = []
+    for name in ("sleep", "wake", "update_weights"):
+        method = getattr(engine, name)
+
+        async def record(*args, _name=name, _method=method):
+            calls.append(_name)
+            return await _method(*args)
+
+        setattr(engine, name, record)
+    async with Trainer(config, engine=engine) as trainer:
+        await trainer.setup()
+        update = trainer.update
+
+        def update_while_asleep(samples, advantages):
+            calls.append("update")
+            return update(samples, advantages)
+
+        trainer.update = update_while_asleep
+        calls.clear()
+        history = await trainer.train()
+        assert calls == ["sleep", "update", "wake", "update_weights"] * 2
+        assert all(row["timing/engine_sleep_s"] >= 0 for row in history if "timing/update_s" in row)
+
+        def failing(samples, advantages):
+            raise RuntimeError("out of memory")
+
+        trainer.update, trainer.config.steps = failing, 3
+        calls.clear()
+        with pytest.raises(RuntimeError, match="out of memory"):
+            await trainer.step()
+        assert calls == ["sleep", "wake"]
