@@ -188,7 +188,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from arl.plan import EngineSetting, GiB, model_shape, plan_memory, standard_settings
 
     engine = EngineSetting(concurrency=args.concurrency, context=args.context,
-                           overhead_bytes=int(args.engine_overhead_gib * GiB))
+                           overhead_bytes=int(args.engine_overhead_gib * GiB), sleep=args.sleep_mode)
     try:
         settings = standard_settings(args.lora_rank, gradient_checkpointing=args.checkpointing,
                                      micro_batch=args.micro_batch, seq_len=args.seq_len or args.context,
@@ -215,6 +215,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
           f"{', a KL reference copy' if args.kl_reference else ''}. Engine: vLLM in bf16, KV cache for "
           f"{args.concurrency} x {args.context} tokens, {args.engine_overhead_gib:g} GiB overhead (an assumption). "
           f"trainer = weights + master + grads + AdamW + max(activations, step temporaries). "
+          + ("Sleep mode: total = max(weights + master + AdamW + engine, trainer + engine overhead). "
+             if args.sleep_mode else "total = trainer + engine. ") +
           f"✓: total <= {args.usable:g} x the GPU. Formulas: arl/plan.py.")
     return 0
 
@@ -294,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan without gradient checkpointing")
     p.add_argument("--kl-reference", action="store_true", help="a KL reference policy (algo.kl_coef > 0)")
     p.add_argument("--usable", type=float, default=0.9, help="fraction of the GPU a setting may fill")
+    p.add_argument("--sleep-mode", action="store_true",
+                   help="the engine sleeps through every update (engine.sleep_mode): the larger phase counts")
     p.add_argument("--engine-overhead-gib", type=float, default=2.0, help="vLLM beside weights and KV cache")
     p.set_defaults(func=_cmd_plan)
     return parser

@@ -7,6 +7,9 @@
 arl runs the trainer and the vLLM engine in one process on one GPU, so both are summed:
 
     total = trainer + engine
+    with engine.sleep_mode (the engine sleeps through the update: weights to host, KV cache freed),
+    the larger of the two phases instead:
+    total = max(trainer state + engine,  trainer + engine overhead)
     trainer = weights + master copy + gradients + AdamW states + KL reference
               + max(activations of one micro-batch, optimizer temporaries)
     engine  = weights (bf16) + KV cache + LoRA slots + overhead (a stated assumption)
@@ -121,6 +124,7 @@ class EngineSetting:
     context: int = attrs.field(default=4096, validator=attrs.validators.ge(1))  # max_model_len
     overhead_bytes: int = VLLM_OVERHEAD_BYTES
     lora_slots: int = 2  # max_loras: the serving adapter and the one being pushed
+    sleep: bool = False  # engine.sleep_mode: weights, KV cache and adapters leave the GPU during the update
 
 
 @attrs.frozen
@@ -144,6 +148,7 @@ class MemoryPlan:
     kv_cache: int = 0
     lora_slots: int = 0
     engine_overhead: int = 0
+    engine_sleeps: bool = False  # through the update (engine.sleep_mode): see total_bytes
 
     @property
     def trainer_bytes(self) -> int:
@@ -157,8 +162,26 @@ class MemoryPlan:
         return self.engine_weights + self.kv_cache + self.lora_slots + self.engine_overhead
 
     @property
+    def trainer_state_bytes(self) -> int:
+        """What the trainer keeps between updates: no gradients (arl sets them to None after each
+        optimizer step) and no activations, on the assumption that the trainer hands its cached
+        blocks back (arl's trainer empties the CUDA cache before waking the engine)."""
+        return self.weights + self.master + self.optimizer + self.reference
+
+    @property
     def total_bytes(self) -> int:
-        return self.trainer_bytes + self.engine_bytes
+        """The peak. The engine awake throughout: trainer + engine. Asleep through the update: the
+        larger phase, the rollout (trainer state + engine) or the update (trainer + what vLLM
+        keeps asleep, taken to be its overhead: CUDA context, allocator pools outside sleep mode).
+
+        >>> p = MemoryPlan("m", "s", 10, 10, weights=40, master=0, gradients=40, optimizer=80, reference=0,
+        ...                activations=100, optimizer_temp=40, engine_weights=20, kv_cache=200, engine_overhead=10)
+        >>> p.total_bytes, attrs.evolve(p, engine_sleeps=True).total_bytes  # 260 + 230; max(120 + 230, 260 + 10)
+        (490, 350)
+        """
+        if not self.engine_sleeps:
+            return self.trainer_bytes + self.engine_bytes
+        return max(self.trainer_state_bytes + self.engine_bytes, self.trainer_bytes + self.engine_overhead)
 
     def fits(self, gpu_gib: float, usable: float = 0.9) -> bool:
         """total <= usable * GPU memory."""
@@ -171,7 +194,7 @@ class MemoryPlan:
 
     def breakdown(self) -> dict[str, int]:
         """Every term, in bytes, plus the sums (what the CLI and the benchmark print)."""
-        terms = attrs.asdict(self, filter=lambda a, v: isinstance(v, int) and a.name not in ("parameters", "trainable"))
+        terms = attrs.asdict(self, filter=lambda a, v: type(v) is int and a.name not in ("parameters", "trainable"))
         return {**terms, "trainer": self.trainer_bytes, "engine": self.engine_bytes, "total": self.total_bytes}
 
 
@@ -234,7 +257,7 @@ def plan_memory(shape: ModelShape, train: TrainSetting, engine: EngineSetting | 
     lora_slots = 0 if train.lora_rank is None else engine.lora_slots * eb * trainable
     return attrs.evolve(
         plan, engine_weights=eb * params, kv_cache=kv_cache_bytes(shape, engine.concurrency * engine.context, engine.dtype),
-        lora_slots=lora_slots, engine_overhead=engine.overhead_bytes,
+        lora_slots=lora_slots, engine_overhead=engine.overhead_bytes, engine_sleeps=engine.sleep,
     )
 
 

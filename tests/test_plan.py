@@ -322,6 +322,18 @@ def test_fits_and_the_readme_table_facts():
     assert p.engine_fraction(80) == pytest.approx(p.engine_bytes / (80 * GiB))
 
 
+def test_sleep_mode_counts_the_larger_phase():
+    """engine.sleep_mode: the rollout holds the trainer's state and the engine, the update the whole
+    trainer and the engine's overhead; the peak is the larger, never more than both summed."""
+    shape, setting = KNOWN_SHAPES["qwen2.5-1.5b"], standard_settings()[0]  # full fp32: the update dominates
+    awake, asleep = plan_memory(shape, setting), plan_memory(shape, setting, EngineSetting(sleep=True))
+    assert asleep.total_bytes == max(awake.weights + awake.optimizer + awake.engine_bytes,
+                                     awake.trainer_bytes + awake.engine_overhead)
+    assert awake.engine_overhead < awake.engine_bytes and asleep.total_bytes < awake.total_bytes
+    assert not awake.fits(24) and asleep.total_bytes < awake.total_bytes - awake.kv_cache
+    assert "engine_sleeps" not in asleep.breakdown()
+
+
 def test_model_shape_lookup():
     assert model_shape("Qwen/Qwen2.5-7B-Instruct") is KNOWN_SHAPES["qwen2.5-7b"]
     assert model_shape("SmolLM2-135M-Instruct") is KNOWN_SHAPES["smollm2-135m"]
@@ -345,6 +357,12 @@ def test_cli_plan_table(capsys):
     assert "512 response positions per row" in out
     assert float(short[-1].split(" | ")[7]) < float(rows[-1].split(" | ")[7])  # activations, LoRA r=8
     assert main(["plan", "tiny", "--seq-len", "256", "--response-len", "257"]) == 2
+    capsys.readouterr()
+    assert main(["plan", "qwen2.5-7b", "--lora-rank", "8", "--sleep-mode"]) == 0
+    out = capsys.readouterr().out
+    slept = [line for line in out.splitlines() if line.startswith("| qwen")]
+    assert "Sleep mode: total = max(" in out
+    assert float(slept[0].split(" | ")[11]) < float(rows[3].split(" | ")[11])  # total, 7B full fp32
 
 
 @pytest.mark.slow
