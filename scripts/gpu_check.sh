@@ -4,15 +4,15 @@
 #
 # 1. installs arl with the `gpu` extra (stock vllm with its CUDA torch) into .venv-gpu,
 # 2. runs the engine contract suite on CUDA (float32: greedy tokens and log-probs of vllm,
-#    vllm-async and hf agree; weight push == trainer log-probs) and the trainer tests,
+#    vllm-async and hf agree; weight push == trainer log-probs; bfloat16: test_bf16.py, within bf16's
+#    tolerance; sleep mode: test_sleep_mode.py on real sleep-mode engines) and the trainer tests,
 # 3. times SmolLM2-135M FrozenLake training steps (benchmarks/trainer_step.py) at the demo's
 #    geometry (8 groups x 8) and at RAGEN's (8 groups x 16, <= 5 turns), synchronous and
 #    overlapped (rollout.max_staleness=1: on a GPU the update's kernels release the GIL, which on
-#    CPU made overlap useless; benchmarks/README "Overlapped training"),
+#    CPU made overlap useless; benchmarks/README "Overlapped training"), and synchronous with the
+#    engine asleep through every update (engine.sleep_mode=true: what the round trip costs),
 # 4. LoRA: a SmolLM2-135M rank-16 step, and the weight push full vs adapter (benchmarks/weight_push.py).
 # Everything it prints is also written to OUT_DIR (log, result JSONs) for the closing note.
-# Not covered yet: bf16 contract tolerances and vLLM sleep/wake around the update (the engines'
-# sleep()/wake() are still no-ops).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-check}
@@ -40,6 +40,9 @@ for mode in 0 1; do
     "${COMMON[@]}" rollout.num_groups=8 rollout.group_size=16 rollout.manager.max_turns=5 \
     rollout.max_staleness=$mode | tail -12
 done
+echo "== SmolLM2-135M step, demo geometry (8 x 8), the engine asleep through every update"
+$PY benchmarks/trainer_step.py --config $CONFIG --steps 6 --out "$OUT/step_8x8_sleep.json" \
+  "${COMMON[@]}" rollout.num_groups=8 rollout.group_size=8 engine.sleep_mode=true | tail -12
 echo "== LoRA (issue 17): SmolLM2-135M rank-16 step at the demo geometry, and the push, full vs adapter"
 $PY benchmarks/trainer_step.py --config configs/smollm2_frozenlake_gigpo_lora.yaml --steps 6 \
   --out "$OUT/step_8x8_lora.json" "${COMMON[@]}" rollout.num_groups=8 rollout.group_size=8 | tail -12
