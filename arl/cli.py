@@ -405,11 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     from arl.config import ConfigError, RunExistsError
+    from arl.engine import EngineUnsupportedError
     from arl.models import UnknownModelError
 
     try:
         return int(args.func(args) or 0)
-    except (UnknownModelError, ConfigError, RunExistsError) as exc:
+    except (UnknownModelError, ConfigError, RunExistsError, EngineUnsupportedError) as exc:
         print(f"arl: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from arl.engine.base import (
     Engine,
     EngineClosedError,
     EngineError,
+    EngineUnsupportedError,
     Generation,
     InvalidPromptError,
     LoRAAdapter,
@@ -85,6 +86,6 @@ def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEng
 
 
 __all__ = [
-    "BACKENDS", "BaseEngine", "Engine", "EngineClosedError", "EngineConfig", "EngineError",
+    "BACKENDS", "BaseEngine", "Engine", "EngineClosedError", "EngineConfig", "EngineError", "EngineUnsupportedError",
     "Generation", "InvalidPromptError", "LoRAAdapter", "PromptTooLongError", "SamplingParams", "make_engine",
 ]

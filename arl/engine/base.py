@@ -40,6 +40,10 @@ class EngineClosedError(EngineError):
     """generate()/update_weights() after close()."""
 
 
+class EngineUnsupportedError(EngineError, ValueError):
+    """The engine cannot start as configured on this machine (e.g. sleep mode without CUDA)."""
+
+
 @attrs.frozen
 class SamplingParams:
     """What to sample. `temperature == 0` is greedy; `top_k == 0` and `top_p == 1` disable truncation.

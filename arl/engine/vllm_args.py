@@ -12,7 +12,7 @@ import os
 import tempfile
 from typing import Any
 
-from arl.engine.base import EngineError, Generation, SamplingParams
+from arl.engine.base import EngineError, EngineUnsupportedError, Generation, SamplingParams
 
 
 def configure_vllm_env() -> None:
@@ -91,7 +91,7 @@ def engine_kwargs(
 
     if sleep_mode:
         if not torch.cuda.is_available():  # vLLM's own refusal ("not supported on current platform") names no fix
-            raise EngineError("engine.sleep_mode needs a CUDA GPU: vLLM's sleep mode frees GPU memory, and on "
+            raise EngineUnsupportedError("engine.sleep_mode needs a CUDA GPU: vLLM's sleep mode frees GPU memory, and on "
                               "CPU there is none to free; leave engine.sleep_mode off here")
         kw["enable_sleep_mode"] = True
     if not torch.cuda.is_available():

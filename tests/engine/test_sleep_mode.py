@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from arl.config import ConfigError, load_config
-from arl.engine import EngineConfig, EngineError, SamplingParams, make_engine
+from arl.engine import EngineConfig, EngineError, EngineUnsupportedError, SamplingParams, make_engine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 
@@ -37,9 +37,14 @@ def test_sleep_mode_and_overlap_exclude_each_other():
 
 
 @pytest.mark.skipif(CUDA, reason="on CUDA sleep mode starts")
-def test_sleep_mode_on_cpu_is_refused_in_arls_words(tiny_path):
-    with pytest.raises(EngineError, match="needs a CUDA GPU"):
+def test_sleep_mode_on_cpu_is_refused_in_arls_words(tiny_path, tmp_path, capsys):
+    with pytest.raises(EngineUnsupportedError, match="needs a CUDA GPU"):
         make_engine(backend="vllm", model="tiny", sleep_mode=True)
+    from arl.cli import main
+
+    assert main(["train", "tiny_frozenlake_gigpo", "engine.sleep_mode=true", f"out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "arl: engine.sleep_mode needs a CUDA GPU" in err and "Traceback" not in err
 
 
 @contextlib.contextmanager
