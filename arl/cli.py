@@ -209,7 +209,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                                               plan.engine_bytes, plan.total_bytes)]
             fits = ["✓" if plan.fits(g, args.usable) else "✗" for g in args.gpu_gb]
             print(f"| {shape.name} | {plan.setting} | {plan.trainable / 1e6:,.1f}M | " + " | ".join(gib + fits) + " |")
-    head = "every" if args.response_len is None else f"{args.response_len} response"
+    head = "all" if args.response_len is None else f"{args.response_len} response"
     print(f"\nGiB. Trainer: AdamW (fp32 states), micro-batch {settings[0].micro_batch} x {settings[0].seq_len} "
           f"tokens, logits at {head} positions per row, gradient checkpointing {'on' if args.checkpointing else 'off'}"
           f"{', a KL reference copy' if args.kl_reference else ''}. Engine: vLLM in bf16, KV cache for "
