@@ -160,6 +160,7 @@ class BaseEngine(abc.ABC):
         self.vocab_size = int(vocab_size)
         self.policy_version = 0
         self._closed = False
+        self._asleep = False  # between sleep() and wake() of an engine started with sleep mode
 
     # -- public API ----------------------------------------------------------------------------
     async def generate(
@@ -204,6 +205,14 @@ class BaseEngine(abc.ABC):
     async def wake(self) -> None:
         """Undo `sleep()`."""
         return None
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    def _check_awake(self) -> None:
+        if self._asleep:  # vLLM's offloaded weights would not take the new ones
+            raise EngineError("the engine is asleep: wake() it before loading weights or adapters")
 
     async def close(self) -> None:
         if self._closed:

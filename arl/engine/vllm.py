@@ -150,7 +150,6 @@ class VLLMEngine(BaseEngine):
         self._hold = False  # sleep() under way or done: new requests wait in _held (driver-owned)
         self._held: list[Add] = []
         self._drained = threading.Event()  # set by the driver once held and nothing runs any more
-        self._asleep = False
         self._thread = threading.Thread(target=self._drive, name="arl-vllm-driver", daemon=True)
         self._thread.start()
         with _LIVE_LOCK:
@@ -378,14 +377,6 @@ class VLLMEngine(BaseEngine):
             self._hold = False
             self._drained.clear()
         self._work.set()  # the driver adds the held requests
-
-    @property
-    def asleep(self) -> bool:
-        return self._asleep
-
-    def _check_awake(self) -> None:
-        if self._asleep:  # vLLM's offloaded weights would not take the new ones
-            raise EngineError("the engine is asleep: wake() it before loading weights or adapters")
 
     async def loaded_adapters(self) -> set[int]:
         """LoRA ids vLLM holds now (the current adapter's, and replaced ones still finishing requests)."""

@@ -161,7 +161,6 @@ class AsyncVLLMEngine(BaseEngine):
         self._running = 0  # requests inside AsyncLLM.generate, and an event for "none" (engine loop)
         self._idle = asyncio.Event()
         self._idle.set()
-        self._asleep = False
         self._closing = False
         self.weight_chunk_bytes = 256 * 2**20  # per update_weights message to the worker
         self._owns_tracker = not _resource_tracker_running()
@@ -352,14 +351,6 @@ class AsyncVLLMEngine(BaseEngine):
             await self._llm.wake_up()
             self._asleep = False
         self._awake.set()
-
-    @property
-    def asleep(self) -> bool:
-        return self._asleep
-
-    def _check_awake(self) -> None:
-        if self._asleep:  # vLLM's offloaded weights would not take the new ones
-            raise EngineError("the engine is asleep: wake() it before loading weights or adapters")
 
     async def loaded_adapters(self) -> set[int]:
         """LoRA ids the engine core holds now (the current adapter's, and replaced ones still
