@@ -69,6 +69,27 @@ def make_game(env: gym.Env | str, **make_kwargs: Any) -> gym.Env:
     return env
 
 
+def game_action_names(env: gym.Env | str) -> list[str]:
+    """The action names an arl game answers in (``<answer>{name}</answer>``), for an id or an env.
+
+    What a scripted teacher must say so that its answers are valid: a game may name its actions
+    anything (``West/South/East/North``, ``Push/Wait``), so nothing may assume directions. A gym
+    env without ``action_names`` is not an arl game and gets a TypeError saying so.
+
+    >>> game_action_names("arl/FrozenLake-v0")
+    ['Left', 'Down', 'Right', 'Up']
+    """
+    game = make_game(env)
+    try:
+        names = getattr(game.unwrapped, "action_names", None)
+    finally:
+        if isinstance(env, str):  # we made it, we close it
+            game.close()
+    if not names:
+        raise TypeError(f"{type(game.unwrapped).__name__} has no action_names: it is not an arl game")
+    return list(names)
+
+
 class TextEnv(gym.Wrapper):
     """Text in, text out around an arl game (`SokobanEnv`, `FrozenLakeEnv`).
 

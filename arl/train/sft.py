@@ -25,6 +25,7 @@ import torch
 
 from arl.algo import predicting_positions, token_logprobs
 from arl.engine.scripted import ScriptedEngine
+from arl.envs.text import game_action_names
 from arl.envs.tools import TOOL_NAME
 from arl.rollout import GroupScheduler, collate
 from arl.rollout.factory import close_manager
@@ -47,8 +48,13 @@ def teacher_engine(trainer: Any) -> ScriptedEngine:
             log.warning("sft.teacher=auto with an injected manager: teaching %s; set sft.teacher=tool_calls "
                         "for an agent that acts through function calls", kind)
     answer = TOOL_CALL_ANSWER if kind == "tool_calls" else "<answer>{action}</answer>"
+    try:  # the game's own names: a teacher answering "Up" in a game of "North" teaches invalid actions
+        actions = game_action_names(c.rollout.env_id)
+    except TypeError as e:
+        raise ValueError(f"the scripted warm-start teacher plays arl games only ({e}); pass "
+                         "format_warm_start(trainer, teacher=...) or set sft.steps=0") from e
     return ScriptedEngine(trainer.tokenizer, seed=c.seed, max_model_len=trainer.engine.max_model_len,
-                          answer_format=answer)
+                          answer_format=answer, actions=actions)
 
 
 async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = None) -> dict[str, float]:
