@@ -44,7 +44,13 @@ from arl.engine.base import (
     SamplingParams,
 )
 from arl.engine.handoff import Abort, Add, Pending, fail_queued, post, release, take_all
-from arl.engine.vllm_args import configure_vllm_env, engine_kwargs, to_generations, to_vllm_params
+from arl.engine.vllm_args import (
+    configure_vllm_env,
+    engine_kwargs,
+    in_engine_dtype,
+    to_generations,
+    to_vllm_params,
+)
 from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
 
 _log = logging.getLogger(__name__)
@@ -132,6 +138,7 @@ class VLLMEngine(BaseEngine):
         self._busy_s = 0.0
         self._engine = LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[self._cache.factory])
         cfg = self._engine.model_config
+        self._dtype = cfg.dtype  # what pushed weights are cast to
         super().__init__(self._engine.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
         # Every call into LLMEngine holds this lock. The event loop never takes it: the driver's
         # drain-and-step, weight reloads, prefix-cache resets and shutdown do (all off the loop).
@@ -307,7 +314,8 @@ class VLLMEngine(BaseEngine):
         with self._lock:
             self._engine.collective_rpc(
                 "reload_weights",
-                kwargs={"weights_iterator": iter(list(named_tensors)), "is_checkpoint_format": True},
+                kwargs={"weights_iterator": iter(list(in_engine_dtype(named_tensors, self._dtype))),
+                        "is_checkpoint_format": True},
             )
             self._engine.reset_prefix_cache()
             self._serve(None)  # new weights are a new policy: an adapter trained on the old base is dropped

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from arl.engine.base import EngineError, EngineUnsupportedError, Generation, SamplingParams
@@ -63,6 +64,15 @@ def to_generations(output: Any, prompt_len: int, version: int) -> list[Generatio
     return gens
 
 
+def in_engine_dtype(named_tensors: Iterable[tuple[str, Any]], dtype: Any) -> Iterator[tuple[str, Any]]:
+    """The pushed tensors with floating ones cast to the engine's dtype (a bf16 engine's weights
+    from an fp32 master copy): vLLM's loader casts too, but warns once per tensor at every push."""
+    for name, tensor in named_tensors:
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor = tensor.to(dtype)
+        yield name, tensor
+
+
 def engine_kwargs(
     model: str,
     *,
@@ -112,4 +122,4 @@ def engine_kwargs(
     return kw
 
 
-__all__ = ["configure_vllm_env", "engine_kwargs", "to_generations", "to_vllm_params"]
+__all__ = ["configure_vllm_env", "engine_kwargs", "in_engine_dtype", "to_generations", "to_vllm_params"]

@@ -50,7 +50,13 @@ from arl.engine.base import (
     LoRAAdapter,
     SamplingParams,
 )
-from arl.engine.vllm_args import configure_vllm_env, engine_kwargs, to_generations, to_vllm_params
+from arl.engine.vllm_args import (
+    configure_vllm_env,
+    engine_kwargs,
+    in_engine_dtype,
+    to_generations,
+    to_vllm_params,
+)
 from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
 
 T = TypeVar("T")
@@ -178,6 +184,7 @@ class AsyncVLLMEngine(BaseEngine):
                 _stop_resource_tracker()
             raise
         cfg = self._llm.model_config
+        self._dtype = cfg.dtype  # what pushed weights are cast to
         super().__init__(self._llm.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
         self.lora_enabled = lora_enabled(self._llm)
         self._adapters = AdapterStore()
@@ -275,7 +282,7 @@ class AsyncVLLMEngine(BaseEngine):
     def _push_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """On a worker thread: stream safetensors chunks to the worker, then load them at once."""
         first = True
-        for chunk in chunk_state(named_tensors, self.weight_chunk_bytes):
+        for chunk in chunk_state(in_engine_dtype(named_tensors, self._dtype), self.weight_chunk_bytes):
             blob = serialize_state(chunk)
             self._submit(self._llm.collective_rpc("arl_stage_safetensors", args=(blob, first))).result()
             first = False
