@@ -21,6 +21,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from arl.engine import EngineError, InvalidPromptError, PromptTooLongError, SamplingParams
 
@@ -86,7 +87,7 @@ class FakeLLMEngine:
     """
 
     def __init__(self):
-        self.model_config = SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100)
+        self.model_config = SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100, dtype=torch.float32)
         self.engine_core = SimpleNamespace(shutdown=lambda: None)
         self.running: dict[str, tuple[int, list[int]]] = {}
         self.added: list[str] = []
