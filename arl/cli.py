@@ -124,7 +124,7 @@ async def _eval(args: argparse.Namespace) -> dict:
     from arl.train import evaluation_metrics
 
     config = ManagerConfig(max_tokens=args.max_tokens, temperature=args.temperature, history_len=args.history_len,
-                           prompt_style=args.prompt_style)
+                           prompt_style=args.prompt_style, system_prompt=args.system_prompt)
     rollout = RolloutConfig(env_id=args.env, mode=args.mode, num_groups=1, group_size=1, manager=config)
     route_torch_logs()
     async with make_engine(backend=args.backend, model=args.model) as engine:
@@ -289,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--history-len", type=int, default=0)
     p.add_argument("--prompt-style", default="full", choices=["full", "compact"],
                    help="compact for the tiny model (what its training runs use)")
+    p.add_argument("--system-prompt", default=None,
+                   help="compact style: a system turn with this text first ('' an empty one, as the SmolLM2 configs use)")
     p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
     p.set_defaults(func=_cmd_eval)
 

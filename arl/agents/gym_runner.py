@@ -197,12 +197,13 @@ class GymRunner(_GameRunner):
     ``conversation="traj"`` (default) keeps one growing chat, exactly the conversation
     `TrajEnvManager` builds; ``"step"`` sends a fresh self-contained prompt per step (the last
     ``history_len`` steps and the current observation), exactly what `StepEnvManager` builds.
-    ``prompt_style="compact"`` uses the grid-only prompts of `arl.envs.prompts` in either.
+    ``prompt_style="compact"`` uses the grid-only prompts of `arl.envs.prompts` in either, with
+    a ``system_prompt`` turn first when one is given (see `compact_messages`).
     """
 
     def __init__(
         self, client: ChatClient, env_id: str, *, conversation: str = "traj", prompt_style: str = "full",
-        history_len: int = 2, **kwargs: Any,
+        history_len: int = 2, system_prompt: str | None = None, **kwargs: Any,
     ) -> None:
         super().__init__(client, env_id, **kwargs)
         if conversation not in ("traj", "step"):
@@ -210,7 +211,10 @@ class GymRunner(_GameRunner):
         if prompt_style not in ("full", "compact"):
             raise ValueError(f"prompt_style must be 'full' or 'compact', got {prompt_style!r}")
         self.conversation = conversation
+        if system_prompt is not None and prompt_style != "compact":
+            raise ValueError("system_prompt applies to prompt_style 'compact' only")
         self.prompt_style = prompt_style
+        self.system_prompt = system_prompt
         self.history_len = history_len
         self._history: list[tuple[str, str, float]] = []
         self._instructions = ""
@@ -241,11 +245,11 @@ class GymRunner(_GameRunner):
         compact = self.prompt_style == "compact"
         if self.conversation == "step":
             if compact:
-                return compact_messages(observation, limit - turn)
+                return compact_messages(observation, limit - turn, self.system_prompt)
             return step_messages(self._instructions, observation, turn, self._history, self.history_len,
                                  limit - turn, self.max_tokens)
         if turn == 0:
-            return compact_messages(observation, limit) if compact else traj_messages_start(
+            return compact_messages(observation, limit, self.system_prompt) if compact else traj_messages_start(
                 observation, limit, self.max_tokens, self._instructions)
         text = (compact_user_message(observation, limit - turn) if compact
                 else traj_user_message(turn + 1, observation, limit - turn, self.max_tokens))

@@ -118,5 +118,10 @@ def compact_user_message(observation: str, actions_left: int) -> str:
     return f"Observation:\n{observation}\nActions left: {actions_left}\nAnswer:"
 
 
-def compact_messages(observation: str, actions_left: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": compact_user_message(observation, actions_left)}]
+def compact_messages(observation: str, actions_left: int, system: str | None = None) -> list[dict[str, str]]:
+    """The compact prompt; with ``system`` (even "") a system turn first. Without one, a chat
+    template may inject its own default: SmolLM2's adds "You are a helpful AI assistant named
+    SmolLM, trained by Hugging Face" (20 of a compact prompt's 56 tokens); ``system=""`` renders
+    an empty system turn instead (5 tokens)."""
+    user = {"role": "user", "content": compact_user_message(observation, actions_left)}
+    return [user] if system is None else [{"role": "system", "content": system}, user]

@@ -84,6 +84,14 @@ class ManagerConfig:
     # "full": the anchors' prompts (REFERENCE.md §1); "compact": grid + turns left only, for models
     # that cannot read the instructions anyway (see arl.envs.prompts.compact_messages).
     prompt_style: str = attrs.field(default="full", validator=attrs.validators.in_(("full", "compact")))
+    # compact style: a system turn with this text first (None: no system turn, so the chat
+    # template's default applies, if it has one; "" an empty one). The full style always sends
+    # REFERENCE.md's system prompt.
+    system_prompt: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.system_prompt is not None and self.prompt_style != "compact":
+            raise ValueError("system_prompt applies to prompt_style 'compact' only (the full style sends its own)")
 
 
 @attrs.define

@@ -34,7 +34,8 @@ def gym_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, runner_
 
     runner_cls = runner_cls or GymRunner
     if runner_cls is not ToolCallRunner:
-        kwargs = {"prompt_style": config.prompt_style, "history_len": config.history_len, **kwargs}
+        kwargs = {"prompt_style": config.prompt_style, "history_len": config.history_len,
+                  "system_prompt": config.system_prompt, **kwargs}
     return runner_cls(
         client, spec.env_id, max_tokens=config.max_tokens, temperature=config.temperature,
         top_p=config.top_p, max_turns=config.max_turns, format_penalty=config.format_penalty,

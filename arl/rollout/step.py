@@ -29,7 +29,7 @@ class StepEnvManager(EnvManager):
         while len(traj.turns) < limit:
             t = len(traj.turns)
             if c.prompt_style == "compact":
-                messages = compact_messages(obs, limit - t)
+                messages = compact_messages(obs, limit - t, c.system_prompt)
             else:
                 messages = step_messages(env.instructions, obs, t, history, c.history_len, limit - t, c.max_tokens)
             prompt = chat_ids(tok, messages)

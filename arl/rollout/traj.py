@@ -28,7 +28,7 @@ class TrajEnvManager(EnvManager):
         c, tok = self.config, self.tokenizer
         env, obs, limit = self.start_episode(spec, traj)
         compact = c.prompt_style == "compact"
-        start = compact_messages(obs, limit) if compact else traj_messages_start(obs, limit, c.max_tokens, env.instructions)
+        start = compact_messages(obs, limit, c.system_prompt) if compact else traj_messages_start(obs, limit, c.max_tokens, env.instructions)
         # One append-only token list per episode; each turn keeps a PromptView of its prefix, so
         # the episode's memory grows linearly with its length, not quadratically.
         ids = chat_ids(tok, start)

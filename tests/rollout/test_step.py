@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arl.envs.prompts import step_messages
+from arl.envs.prompts import compact_messages, step_messages
 from arl.envs.text import TextEnv
 from arl.rollout import EpisodeSpec, ManagerConfig, StepEnvManager, chat_ids, state_hash
 
@@ -80,3 +80,21 @@ async def test_step_max_length(fake_engine):
     manager = StepEnvManager(fake_engine, ManagerConfig(max_model_len=64))
     episode = await manager.run_episode(spec())
     assert episode.trajectory.exit_reason == "max_length" and episode.samples == []
+
+
+@pytest.mark.parametrize("system", [None, "", "Reach G."])
+async def test_compact_system_prompt(scripted_engine, tiny_tokenizer, system):
+    """The compact prompt carries a system turn only when one is configured (SmolLM2's template
+    injects its own 20-token default otherwise); the trained prompt is exactly that rendering."""
+    config = ManagerConfig(max_tokens=32, history_len=0, prompt_style="compact", system_prompt=system)
+    episode = await StepEnvManager(scripted_engine, config).run_episode(spec("arl/FrozenLake-v0"))
+    env = TextEnv("arl/FrozenLake-v0")
+    obs, _ = env.reset(seed=5)
+    messages = compact_messages(obs, env.max_steps, system)
+    assert [m["role"] for m in messages] == (["user"] if system is None else ["system", "user"])
+    assert episode.trajectory.turns[0].prompt_ids == chat_ids(tiny_tokenizer, messages)
+
+
+def test_system_prompt_needs_compact_style():
+    with pytest.raises(ValueError, match="compact"):
+        ManagerConfig(prompt_style="full", system_prompt="")
