@@ -1,4 +1,4 @@
-"""Agent code that knows nothing about training (DESIGN.md §6).
+"""Agent code that knows nothing about training (docs/architecture.md §7).
 
 A runner plays one episode per ``await runner.run_job(seed)`` through an OpenAI-compatible async
 client and returns an `EpisodeResult`. `GymRunner` and `ToolCallRunner` play arl games;

@@ -10,14 +10,19 @@ Any program that uses the stock `openai` client works: it is started with
 
 in its own process group, with a *minimal* environment: the variables above, ``env_extra``, and
 only the harmless basics of the trainer's own environment (`INHERITED_ENV`: PATH, HOME, locale,
-TMPDIR, VIRTUAL_ENV, PYTHONPATH; more by name with ``inherit_env``). The agent may run
+TMPDIR, VIRTUAL_ENV, PYTHONPATH; more by name with ``inherit_env``), and agent frameworks'
+telemetry switched off (`TELEMETRY_OFF`, e.g. ``OPENAI_AGENTS_DISABLE_TRACING=1``; either of the
+others overrides it). The agent may run
 model-written code: it must not see the trainer's secrets (API keys, tokens, credentials). The runner waits for it; past ``timeout_s`` (or when the runner's
 task is cancelled) it kills the whole group. Outcomes, all as data:
 
 - exit 0 with a valid result -> that result;
 - past the timeout -> status "Timeout", exit reason "timeout";
 - non-zero exit, or no / malformed result -> status "Failed", exit reason "agent_error", with
-  the tail of the program's stderr in ``error``.
+  the tail of the program's stderr in ``error``. Malformed includes a score that is not a
+  finite number within `arl.agents.runner.MAX_ABS_SCORE`, a document past `MAX_RESULT_BYTES`
+  or `MAX_RESULT_DEPTH`, and a result path that is not a regular file
+  (`EpisodeResult.from_bytes`).
 
 See ``arl/agents/examples/gym_agent.py`` for such a program.
 """
@@ -27,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,11 +41,26 @@ from typing import Any
 
 import anyio
 
-from arl.agents.runner import AgentRunner, ChatClient, EpisodeResult
+from arl.agents.runner import MAX_RESULT_BYTES, AgentRunner, ChatClient, EpisodeResult
+from arl.envs.hostfs import remove_tree
 
 STDERR_TAIL = 4000  # characters of the program's stderr kept in EpisodeResult.error
 # What an agent process inherits from the trainer's environment (nothing else: no secrets).
 INHERITED_ENV = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH")
+# Agent frameworks' telemetry, off by default in every agent process: openai-agents' tracing would
+# send the prompts and the episode's bearer token (its OPENAI_API_KEY) to api.openai.com; the
+# others phone home usage data. Overridable: an inherited (`inherit_env`) or `env_extra` value wins.
+TELEMETRY_OFF = {
+    "OPENAI_AGENTS_DISABLE_TRACING": "1",  # openai-agents
+    "LANGCHAIN_TRACING_V2": "false", "LANGSMITH_TRACING": "false",  # langchain / LangSmith
+    "HF_HUB_DISABLE_TELEMETRY": "1",  # huggingface_hub (smolagents)
+    "GRADIO_ANALYTICS_ENABLED": "False",  # gradio (smolagents' UI)
+    "LOGFIRE_SEND_TO_LOGFIRE": "false",  # logfire (pydantic-ai's instrumentation)
+    "OTEL_SDK_DISABLED": "true",  # OpenTelemetry SDKs (crewai, openinference instrumentations)
+    "CREWAI_DISABLE_TELEMETRY": "true", "HAYSTACK_TELEMETRY_ENABLED": "False",
+    "ANONYMIZED_TELEMETRY": "False",  # chromadb and friends
+    "SCARF_NO_ANALYTICS": "true", "DO_NOT_TRACK": "1",  # the cross-tool conventions
+}
 
 
 class PushModeRunner(AgentRunner):
@@ -104,16 +124,18 @@ class PushModeRunner(AgentRunner):
         finally:
             if proc is not None and proc.returncode is None:  # cancelled while waiting
                 await _kill_group(proc)
-            shutil.rmtree(workdir, ignore_errors=True)
+            # whatever the agent left there (too deep for shutil.rmtree, 100k files): in a worker
+            # thread, not on the event loop; the thread finishes it even if this task is cancelled
+            await asyncio.to_thread(remove_tree, workdir)
 
     def _result(self, path: Path, stderr: str) -> EpisodeResult:
         failed = EpisodeResult(status="Failed", exit_reason="agent_error")
         try:
-            result = EpisodeResult.from_json(json.loads(path.read_text()))
+            result = EpisodeResult.from_bytes(_read_result(path))  # bounded, depth-checked, scores finite
         except FileNotFoundError:
             failed.error = f"agent exited with {self.returncode} without writing a result\n{stderr}".strip()
             return failed
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OSError) as exc:  # OSError: a symlink, unreadable
             failed.error = f"agent wrote a malformed result ({exc})\n{stderr}".strip()
             return failed
         if self.returncode != 0:
@@ -122,11 +144,25 @@ class PushModeRunner(AgentRunner):
         return result
 
 
+def _read_result(path: Path) -> bytes:
+    """The result file's bytes, at most `MAX_RESULT_BYTES` + 1 of them. The agent chose what is at
+    that path: a FIFO would block the event loop forever and /dev/zero would never end, so only a
+    regular file is read (opened non-blocking, checked with fstat, a symlink not followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("the result path is not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_RESULT_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
 def agent_env(inherit: Sequence[str], extra: Mapping[str, str], protocol: Mapping[str, str]) -> dict[str, str]:
-    """An agent process's whole environment: the named variables of ours that are set
-    (``inherit``: `INHERITED_ENV` and the user's additions), then ``extra``, then the mode's
-    ``protocol`` variables, which win. Nothing else of the trainer's environment reaches it."""
-    return {**{k: os.environ[k] for k in inherit if k in os.environ}, **extra, **protocol}
+    """An agent process's whole environment: `TELEMETRY_OFF`, then the named variables of ours
+    that are set (``inherit``: `INHERITED_ENV` and the user's additions), then ``extra``, then the
+    mode's ``protocol`` variables, which win. Nothing else of the trainer's environment reaches it."""
+    return {**TELEMETRY_OFF, **{k: os.environ[k] for k in inherit if k in os.environ}, **extra, **protocol}
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:

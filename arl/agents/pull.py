@@ -24,9 +24,10 @@ Requests may overlap; each is answered as soon as the handler returns. Outcomes,
 - an end frame with a valid result, then exit 0 -> that result (a process still running
   ``exit_grace_s`` after its end frame is killed; its result stands);
 - past the timeout -> status "Timeout", exit reason "timeout";
-- exit without an end frame, a non-zero exit, or a malformed result -> status "Failed", exit
-  reason "agent_error", with the tail of the program's output (stderr, and stdout lines that
-  were not frames) in ``error``;
+- exit without an end frame, a non-zero exit, or a malformed result (push mode's rules,
+  `EpisodeResult.from_bytes`: scores finite and bounded, the document's size and depth bounded)
+  -> status "Failed", exit reason "agent_error", with the tail of the program's output (stderr,
+  and stdout lines that were not frames) in ``error``;
 - a malformed request frame -> an HTTP 400 (413 past `MAX_BODY`) response to the agent, which
   goes on; a header too broken to name its request is skipped (counted in ``stats``);
 - the runner's task cancelled -> the sandbox (the process group) killed.
@@ -220,7 +221,7 @@ class PullModeRunner(AgentRunner):
             failed.error = f"agent exited with {self.returncode} without ending the session\n{output}".strip()
             return failed
         try:
-            result = EpisodeResult.from_json(json.loads(end))
+            result = EpisodeResult.from_bytes(end)  # bounded, depth-checked, scores finite
         except (ValueError, TypeError) as exc:
             failed.error = f"agent ended the session with a malformed result ({exc})\n{output}".strip()
             return failed

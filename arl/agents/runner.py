@@ -1,6 +1,6 @@
 """Agent runners: agent code that plays one episode through an OpenAI-compatible client.
 
-A runner knows nothing of tokens, engines or training (DESIGN.md §6). It gets a client with the
+A runner knows nothing of tokens, engines or training (docs/architecture.md §7). It gets a client with the
 `openai.AsyncOpenAI` shape (anything with ``await client.chat.completions.create(...)``) and a
 model name, plays one episode and reports an `EpisodeResult`. The same runner runs unchanged
 against arl's in-process client, arl's HTTP proxy, or any real OpenAI-compatible server.
@@ -9,12 +9,25 @@ against arl's in-process client, arl's HTTP proxy, or any real OpenAI-compatible
 from __future__ import annotations
 
 import abc
+import json
+import math
 from typing import Any, Literal, Protocol
 
 import attrs
 
 RunnerStatus = Literal["Finished", "Failed", "NoData", "Timeout"]
 STATUSES: tuple[str, ...] = ("Finished", "Failed", "NoData", "Timeout")
+
+# Bounds on what an agent may report (an agent that runs model-written code is not trusted): a
+# result past them is malformed, and its episode ends as "agent_error" with the reason.
+MAX_RESULT_BYTES = 4 * 2**20  # the JSON document (pull mode's frame limit, `pipe_transport.MAX_BODY`)
+MAX_RESULT_DEPTH = 16  # nesting of that document: step_infos hold flat dicts, so 3 levels are used
+MAX_RESULT_STEPS = 1 << 16  # entries of step_scores / step_infos (one per model call)
+MAX_RESULT_METRICS = 256
+MAX_ERROR_CHARS = 1 << 16  # a longer error text is cut (kept: it is the agent's own diagnosis)
+# |score| and |step score| at most this: finite, and far enough from float64's range that group
+# statistics (squares, sums over a batch) cannot overflow into inf and NaN advantages.
+MAX_ABS_SCORE = 1e9
 
 
 class ChatClient(Protocol):
@@ -47,25 +60,84 @@ class EpisodeResult:
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
+    def problem(self) -> str | None:
+        """Why this result cannot be trained on (a score that is not a finite number within
+        `MAX_ABS_SCORE`, too many steps or metrics), or None. Checked at the rollout boundary for
+        every runner, in-process ones too: one NaN would end the whole training step."""
+        numbers = [("score", self.score)]
+        if not isinstance(self.step_scores, list | tuple) or len(self.step_scores) > MAX_RESULT_STEPS:
+            return f"step_scores must be a list of at most {MAX_RESULT_STEPS} numbers"
+        if not isinstance(self.step_infos, list | tuple) or len(self.step_infos) > MAX_RESULT_STEPS:
+            return f"step_infos must be a list of at most {MAX_RESULT_STEPS} objects"
+        if not isinstance(self.metrics, dict) or len(self.metrics) > MAX_RESULT_METRICS:
+            return f"metrics must be an object of at most {MAX_RESULT_METRICS} numbers"
+        numbers += [(f"step_scores[{i}]", v) for i, v in enumerate(self.step_scores)]
+        numbers += [(f"metrics[{k!r}]", v) for k, v in self.metrics.items()]
+        for name, value in numbers:
+            try:
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
+                return f"{name} is not a number ({type(value).__name__})"
+            if not math.isfinite(number):
+                return f"{name} is not finite ({number})"
+            if abs(number) > MAX_ABS_SCORE and not name.startswith("metrics"):
+                return f"{name} = {number:g} is beyond +-{MAX_ABS_SCORE:g}"
+        return None
+
     @classmethod
     def from_json(cls, data: Any) -> EpisodeResult:
         """Parse a result written by an out-of-process agent; unknown keys are ignored.
 
-        Raises ValueError/TypeError on a malformed document (the caller turns that into data).
+        Raises ValueError/TypeError on a malformed document (the caller turns that into data):
+        wrong types, non-finite or out-of-range scores, sizes past the `MAX_RESULT_*` bounds.
         """
         if not isinstance(data, dict):
             raise TypeError(f"episode result must be a JSON object, got {type(data).__name__}")
         fields = {f.name for f in attrs.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in fields}
         result = cls(**kwargs)
+        problem = result.problem()
+        if problem is not None:
+            raise ValueError(problem)
         result.score = float(result.score)
         result.step_scores = [float(s) for s in result.step_scores]
         result.success = bool(result.success)
+        result.exit_reason = str(result.exit_reason)
         result.metrics = {str(k): float(v) for k, v in dict(result.metrics).items()}
         result.step_infos = [dict(i) for i in result.step_infos]
         if result.error is not None:
-            result.error = str(result.error)
+            result.error = str(result.error)[:MAX_ERROR_CHARS]
         return result
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | str) -> EpisodeResult:
+        """Parse the JSON document an out-of-process agent sent (push mode's result file, pull
+        mode's end frame). ValueError/TypeError for anything malformed: too large or too deeply
+        nested (`MAX_RESULT_BYTES`, `MAX_RESULT_DEPTH`; a deep one would otherwise raise
+        RecursionError in the parser), NaN / Infinity literals, or a bad result (`from_json`)."""
+        if len(raw) > MAX_RESULT_BYTES:
+            raise ValueError(f"result of {len(raw)} bytes exceeds {MAX_RESULT_BYTES}")
+        try:
+            data = json.loads(raw, parse_constant=_no_constant)
+        except RecursionError:  # the parser recurses per level: thousands of "[" end it here
+            raise ValueError(f"result nested deeper than {MAX_RESULT_DEPTH} levels") from None
+        _check_depth(data)  # what it parsed may still be deeper than anything downstream expects
+        return cls.from_json(data)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a result may hold (scores must be finite)")
+
+
+def _check_depth(data: Any) -> None:
+    """Refuse a parsed document nested deeper than `MAX_RESULT_DEPTH` (walked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_RESULT_DEPTH:
+                raise ValueError(f"result nested deeper than {MAX_RESULT_DEPTH} levels")
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
 
 
 class AgentRunner(abc.ABC):

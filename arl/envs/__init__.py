@@ -1,4 +1,4 @@
-"""arl's game environments and their LLM-facing wrappers (DESIGN.md §5).
+"""arl's game environments and their LLM-facing wrappers (docs/architecture.md §6).
 
 Importing this package is cheap (gymnasium + numpy only). `register_envs()` registers the
 ``arl/...`` ids with gymnasium; it is idempotent, and `arl/__init__.py` calls it.

@@ -6,9 +6,12 @@ entirely by the argv built here, so the isolation policy can be read (and audite
 
 `bwrap_argv`, in order: new namespaces (`_base_argv`); the system (``/usr``, the ``/bin`` and
 ``/lib*`` links, the few ``/etc`` files programs read) read-only; ``/proc``, ``/dev`` and a fresh
-``/tmp``; the ``read_only`` paths at their own paths, with ``hide`` paths under them replaced by
-empty dirs; the work dir read-write at `SANDBOX_CWD`; a cleared environment; and, as root, the
-drop to the sandbox's uid.
+``/tmp`` of a bounded size; the ``read_only`` paths at their own paths, with ``hide`` paths under
+them replaced by empty dirs; the symlinks through which this interpreter was reached
+(`python_links`: a venv that is a link to another folder); the work dir read-write at
+`SANDBOX_CWD`; a cleared environment; the seccomp filter that refuses the kernel keyring calls
+(`arl.envs.seccomp`: no session keyring shared with the trainer or another episode); and, as
+root, the drop to the sandbox's uid.
 
 The uid, as root: a user namespace would keep kernel uid 0, which RLIMIT_NPROC exempts, so bwrap
 stays in the init user namespace and the command drops (`setpriv_argv`) to a uid of its own
@@ -33,6 +36,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from arl.envs.seccomp import filter_fd, no_keyring_filter
+
 SANDBOX_CWD = "/workspace"  # where the work dir appears inside bwrap (fixed: outputs do not name temp dirs)
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives",
@@ -41,9 +46,21 @@ _PROBE_UID = 65534  # nobody: the uid drop bwrap_problem tries
 
 
 def python_paths() -> tuple[Path, ...]:
-    """The paths this interpreter needs (its environment and its base installation)."""
+    """The paths this interpreter needs (its environment and its base installation), resolved:
+    a venv that is a symlink (``.venv -> /elsewhere/venv``) is bound where it really lives."""
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent}
     return tuple(sorted(p.resolve() for p in paths))
+
+
+def python_links() -> tuple[tuple[str, str], ...]:
+    """(target, link) for each of this interpreter's prefixes reached through a symlink, so that the
+    unresolved paths (a venv script's ``#!/checkout/.venv/bin/python``) work inside too."""
+    links = {}
+    for prefix in (sys.prefix, sys.base_prefix):
+        path, real = os.path.abspath(prefix), os.path.realpath(prefix)
+        if path != real:
+            links[path] = real
+    return tuple((real, path) for path, real in sorted(links.items()))
 
 
 def fresh_uid() -> int:
@@ -62,9 +79,12 @@ def setpriv_argv(uid: int) -> list[str]:
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
 
 
-def _base_argv(root: bool) -> list[str]:
-    """bwrap options every sandbox shares: namespaces and the read-only system."""
+def _base_argv(root: bool, tmp_bytes: int | None = None, seccomp_fd: int | None = None) -> list[str]:
+    """bwrap options every sandbox shares: namespaces, the read-only system, a ``/tmp`` of at most
+    ``tmp_bytes`` (its pages count as the sandbox's memory too) and the keyring filter's fd."""
     argv = ["bwrap", "--die-with-parent", "--new-session"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     # As root a user namespace would keep kernel uid 0 (exempt from RLIMIT_NPROC): stay in the
     # init namespace and let setpriv drop to an unprivileged uid inside (see the module docstring).
     argv += (["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
@@ -78,8 +98,10 @@ def _base_argv(root: bool) -> list[str]:
     for pattern in _ETC:
         for path in sorted(glob.glob(f"/etc/{pattern}")):
             argv += ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
-    return argv
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777"]
+    if tmp_bytes is not None:
+        argv += ["--size", str(max(4096, tmp_bytes))]
+    return [*argv, "--tmpfs", "/tmp"]
 
 
 @functools.cache
@@ -90,11 +112,17 @@ def bwrap_problem() -> str | None:
     root = os.geteuid() == 0
     if root and shutil.which("setpriv") is None:
         return "running as root needs setpriv (util-linux) to drop to an unprivileged uid"
-    argv = _base_argv(root) + (setpriv_argv(_PROBE_UID) if root else [])
+    program = no_keyring_filter()
+    fd = filter_fd(program) if program is not None else None  # the options every command uses
+    argv = _base_argv(root, 1 << 20, fd) + (setpriv_argv(_PROBE_UID) if root else [])
     try:
-        probe = subprocess.run([*argv, "true"], capture_output=True, timeout=30, env={})
+        probe = subprocess.run([*argv, "true"], capture_output=True, timeout=30, env={},
+                               pass_fds=() if fd is None else (fd,))
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bwrap could not start: {exc}"
+    finally:
+        if fd is not None:
+            os.close(fd)
     if probe.returncode != 0:
         return f"bwrap could not start: {probe.stderr.decode(errors='replace').strip()}"
     return None
@@ -102,15 +130,19 @@ def bwrap_problem() -> str | None:
 
 def bwrap_argv(
     workdir: Path, env: Mapping[str, str], *, read_only: Sequence[Path], hide: Sequence[Path],
-    uid: int | None, also_read_only: Sequence[Path] = (),
+    uid: int | None, also_read_only: Sequence[Path] = (), links: Sequence[tuple[str, str]] = (),
+    tmp_bytes: int | None = None, seccomp_fd: int | None = None,
 ) -> list[str]:
     """The bwrap argv a sandbox puts in front of a command (see the module docstring).
 
     ``read_only``: the sandbox's read-only paths (resolved), ``also_read_only``: more for this
     command only; ``hide``: paths shown as empty dirs where they lie under ``read_only``; ``uid``:
-    the uid to drop to (as root), None to stay the calling user (bwrap's user namespace).
+    the uid to drop to (as root), None to stay the calling user (bwrap's user namespace);
+    ``links``: (target, link) symlinks to make (`python_links`), skipped where the link's place is
+    already visible; ``tmp_bytes``: the size of ``/tmp``; ``seccomp_fd``: the keyring filter
+    (`arl.envs.seccomp`), an fd the bwrap process inherits.
     """
-    argv = _base_argv(uid is not None)
+    argv = _base_argv(uid is not None, tmp_bytes, seccomp_fd)
     made: set[Path] = {Path(p) for p in ("/", "/tmp", "/proc", "/dev", "/etc", *_ROOT_LINKS)}
     bound: list[Path] = [Path("/usr")]
     for path in (*read_only, *also_read_only):
@@ -126,6 +158,15 @@ def bwrap_argv(
     for path in hide:
         if any(path.is_relative_to(p) for p in read_only):
             argv += ["--tmpfs", str(path)]
+    for target, link in links:
+        place = Path(link)
+        if place in made or any(place.is_relative_to(b) or b.is_relative_to(place) for b in bound):
+            continue  # its place is a bound path (or holds one): the link would not fit there
+        for parent in reversed(place.parents):
+            if parent not in made and not any(parent.is_relative_to(b) for b in bound):
+                made.add(parent)
+                argv += ["--perms", "0755", "--dir", str(parent)]
+        argv += ["--symlink", target, link]
     argv += ["--bind", str(workdir), SANDBOX_CWD, "--chdir", SANDBOX_CWD, "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
@@ -181,5 +222,5 @@ async def reap_uid(uid: int, bound_s: float) -> int:
     return left
 
 
-__all__ = ["SANDBOX_CWD", "bwrap_argv", "bwrap_problem", "fresh_uid", "kill_uid", "python_paths", "reap_uid",
+__all__ = ["SANDBOX_CWD", "bwrap_argv", "bwrap_problem", "fresh_uid", "kill_uid", "python_links", "python_paths", "reap_uid",
            "setpriv_argv", "uid_processes"]

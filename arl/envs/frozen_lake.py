@@ -1,4 +1,4 @@
-"""FrozenLake with a fresh random solvable map per episode (REFERENCE.md §1).
+"""FrozenLake with a fresh random solvable map per episode (docs/reference.md §1.2).
 
 gymnasium's own FrozenLake draws a random map only through `generate_random_map(seed=...)`, which
 builds its own generator and always puts the start top-left and the goal bottom-right. arl's
@@ -67,7 +67,7 @@ class FrozenLakeEnv(gym.Env[np.ndarray, np.int64]):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
     action_names: list[str] = ["Left", "Down", "Right", "Up"]
     game_name = "frozen_lake"
-    default_format_penalty = -0.01  # ROLL (REFERENCE.md §1)
+    default_format_penalty = -0.01  # ROLL (docs/reference.md §1.3)
     symbols = SYMBOLS
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Prompt texts around a game observation (REFERENCE.md §1 "Prompt templates used by the anchors").
+"""Prompt texts around a game observation (docs/reference.md §1.4).
 
 Shared by the env managers (which build token prompts) and by agent runners (which send the same
 messages through an OpenAI-compatible client), so both produce identical conversations.

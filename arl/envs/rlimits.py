@@ -8,6 +8,13 @@ The kernel enforces CPU seconds, address space, file size, process count and (no
 through ``bash``'s ``ulimit`` in front of the command, so they bind the command and everything it
 starts, and it cannot raise them. Wall time and output are enforced by `Sandbox.run` (a kill of
 the process group; `arl.envs.capped_output`).
+
+Those rlimits bind one process (or one file) each. The three ``*_bytes`` limits below them bind
+the sandbox as a whole, where the machine allows (`Sandbox.lost` says where it does not):
+``total_memory_bytes`` all its processes together (a cgroup, `arl.envs.cgroups`),
+``tmp_bytes`` its ``/tmp`` (a tmpfs of that size, per command) and ``disk_bytes`` its work dir
+(a tmpfs of that size, as root). The sandbox takes those two of them from the limits it was made
+with; a command's own limits change only ``tmp_bytes`` and the per-process ones.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ class SandboxLimits:
     file_size_bytes: int = 64 * 2**20  # RLIMIT_FSIZE: largest file a command may write
     max_procs: int = 64  # RLIMIT_NPROC
     drain_bytes: int = 8 * 2**20  # output read (and dropped) past output_bytes before the command is killed
+    total_memory_bytes: int = 2**30  # all the sandbox's processes together, tmpfs pages included (cgroup)
+    tmp_bytes: int = 64 * 2**20  # size of the fresh /tmp (a tmpfs)
+    disk_bytes: int = 128 * 2**20  # all files of the work dir together (a tmpfs, as root)
 
 
 def limits_prefix(limits: SandboxLimits, nproc_base: int = 0) -> list[str]:

@@ -17,7 +17,11 @@ Isolation (``Sandbox.isolation`` says which is in force):
   and `kill` return only once no process of the sandbox's uid is left: the kernel may still be
   tearing a command's PID namespace down when bwrap has returned (seen after kills and after
   ordinary exits alike), so leftovers are killed and waited for (at most ``Sandbox.reap_s``, 5 s;
-  any still listed then are logged as a warning). The command lines are built in `arl.envs.bwrap`.
+  any still listed then are logged as a warning). No kernel keyring is reachable: a seccomp filter
+  refuses the keyring calls (`arl.envs.seccomp`), since a session keyring survives fork, exec and
+  the uid drop and would carry keys between the trainer and episodes. With ``python=True`` the
+  interpreter's real prefixes are bound (a venv that is a symlink to another folder included) and
+  ``PATH`` names the real one. The command lines are built in `arl.envs.bwrap`.
 - ``"none"``: the fallback when bwrap is absent or cannot start (no user namespaces). Commands
   run as plain subprocesses in their own process group, in the work dir, with the same limits.
   What is lost (also listed, for the instance in force, in ``Sandbox.lost``):
@@ -32,12 +36,21 @@ Isolation (``Sandbox.isolation`` says which is in force):
   hidden files                  the task generator's source is readable (hidden tests can be
                                 rebuilt); private directories of the host are visible
   process limit (as root)       uid 0 ignores RLIMIT_NPROC: a fork bomb is stopped only by the
-                                wall-time kill of its process group
+                                wall-time kill of its process group (unless a cgroup binds it)
+  session keyring               commands share the caller's keyring (keys read, keys left behind)
+  /tmp size limit               ``/tmp`` is the host's
   ============================  ==================================================================
 
 Limits, in both modes (bash ``ulimit`` in front of the command, so they bind the command and
 everything it starts, and it cannot raise them): CPU seconds, address space, file size, process
-count, no core files (`arl.envs.rlimits`). Wall time is enforced here by killing the process
+count, no core files (`arl.envs.rlimits`). Those bind each process (or file) alone; the sandbox as
+a whole is bound, where the machine allows, by a cgroup (`arl.envs.cgroups`: memory of all its
+processes and their tmpfs pages, task count; needs root and a writable memory + pids hierarchy, v2
+or v1), a ``/tmp`` of ``tmp_bytes`` (bwrap) and a work dir that is a tmpfs of ``disk_bytes``
+(mounted by the host, as root). Where a bound cannot be had, ``Sandbox.lost`` says so:
+"whole-sandbox memory limit" (then only RLIMIT_AS per process: ``max_procs`` processes may hold
+``max_procs * memory_bytes``), "work dir size limit" (then only RLIMIT_FSIZE per file: the work dir
+is on the host disk, unbounded in total). Wall time is enforced here by killing the process
 group; output is read while the command runs (`arl.envs.capped_output`), the first
 ``output_bytes`` kept, up to ``drain_bytes`` more read and dropped (counted), and a command that
 writes beyond that is killed.
@@ -57,7 +70,6 @@ import functools
 import logging
 import os
 import shlex
-import shutil
 import signal
 import sys
 import tempfile
@@ -74,12 +86,16 @@ from arl.envs.bwrap import (
     bwrap_argv,
     bwrap_problem,
     fresh_uid,
+    python_links,
     python_paths,
     reap_uid,
     uid_processes,
 )
 from arl.envs.capped_output import CappedOutput
+from arl.envs.cgroups import Cgroup, cgroup_problem
+from arl.envs.hostfs import remove_tree
 from arl.envs.rlimits import SandboxLimits, limits_prefix
+from arl.envs.seccomp import filter_fd, no_keyring_filter
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +104,9 @@ COMMAND_STATUSES = ("ok", "timeout", "output_limit", "killed", "error")
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 _FATAL_SIGNALS = {signal.SIGKILL, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS}
 _GRACE_S = 1.0  # after a command ends or is killed: how long its pipes may stay open
-_LOST_WITHOUT_BWRAP = ("network namespace", "host file system protection", "PID namespace", "hidden files")
+_LOST_WITHOUT_BWRAP = ("network namespace", "host file system protection", "PID namespace", "hidden files",
+                       "session keyring", "/tmp size limit")
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
 
 
 class SandboxUnavailable(RuntimeError):
@@ -172,13 +190,30 @@ class Sandbox:
         root = os.geteuid() == 0
         # A fresh uid per sandbox (as root, bwrap): its process count is the sandbox's alone.
         self.uid: int | None = fresh_uid() if root and self.isolation == "bwrap" else None
-        self.lost: tuple[str, ...] = (
-            () if self.isolation == "bwrap" else _LOST_WITHOUT_BWRAP + (("process limit",) if root else ()))
         self.workdir: Path = Path(tempfile.mkdtemp(prefix="arl-sandbox-"))
+        # Whole-sandbox bounds (see arl.envs.rlimits): a work dir of bounded size, a cgroup.
+        self.workdir_mounted = root and _tmpfs_works() and _mount_tmpfs(self.workdir, limits.disk_bytes)
+        self.cgroup: Cgroup | None = None
+        if root and cgroup_problem() is None:
+            with contextlib.suppress(OSError):
+                self.cgroup = Cgroup.create(limits.total_memory_bytes, limits.max_procs)
+        self._seccomp = no_keyring_filter() if self.isolation == "bwrap" else None
+        self._links = python_links() if python and self.isolation == "bwrap" else ()
+        lost = list(_LOST_WITHOUT_BWRAP) if self.isolation != "bwrap" else []
+        if self.isolation == "bwrap" and self._seccomp is None:
+            lost.append("session keyring")
+        if root and self.isolation != "bwrap" and self.cgroup is None:
+            lost.append("process limit")
+        if self.cgroup is None:
+            lost.append("whole-sandbox memory limit")  # RLIMIT_AS binds each process alone
+        if not self.workdir_mounted:
+            lost.append("work dir size limit")  # RLIMIT_FSIZE binds each file alone, not their number
+        self.lost: tuple[str, ...] = tuple(lost)
         if self.uid is not None:
             os.chown(self.workdir, self.uid, self.uid)
         self.cwd: str = SANDBOX_CWD if self.isolation == "bwrap" else str(self.workdir)
-        bin_dir = f"{sys.prefix}/bin:" if python else ""
+        # The real prefix: a venv reached through a symlink is bound (and found) where it lives.
+        bin_dir = f"{Path(sys.prefix).resolve()}/bin:" if python else ""
         self.env: dict[str, str] = {
             "PATH": bin_dir + SYSTEM_PATH, "HOME": self.cwd, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1", **dict(env or {}),
@@ -186,7 +221,7 @@ class Sandbox:
         self._procs: set[asyncio.subprocess.Process] = set()
         self._starting = 0  # `_start` calls between their reap check and `_procs`: they will use the uid
         self._reaping = False  # the uid's leftovers are being killed: no command starts meanwhile
-        self._finalizer = weakref.finalize(self, _remove_tree, str(self.workdir))
+        self._finalizer = weakref.finalize(self, _cleanup, str(self.workdir), self.workdir_mounted, self.cgroup)
 
     # -- commands --------------------------------------------------------------------------------
     async def run(
@@ -254,12 +289,15 @@ class Sandbox:
                      read_only: Sequence[str | Path], *, stdin: int) -> asyncio.subprocess.Process:
         if self._finalizer is not None and not self._finalizer.alive:
             raise OSError("the sandbox is closed")
+        seccomp_fd = filter_fd(self._seccomp) if self._seccomp is not None else None
         if self.isolation == "bwrap":
-            full = self._bwrap_argv(env, read_only) + limits_prefix(limits) + argv
-            kwargs: dict[str, Any] = {"env": {}}
+            full = self._bwrap_argv(env, read_only, limits, seccomp_fd) + limits_prefix(limits) + argv
+            kwargs: dict[str, Any] = {"env": {}, "pass_fds": () if seccomp_fd is None else (seccomp_fd,)}
         else:
             full = limits_prefix(limits, uid_processes(os.getuid()) if os.geteuid() != 0 else 0) + argv
             kwargs = {"env": env, "cwd": self.workdir}
+        if self.cgroup is not None:
+            full = self.cgroup.join_prefix() + full
         while self._reaping:  # a process started now would be killed with the uid's leftovers
             await asyncio.sleep(0.005)
         self._starting += 1  # from here on `_reap` leaves the uid alone (no await since the check)
@@ -270,12 +308,16 @@ class Sandbox:
             )
         finally:
             self._starting -= 1
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)  # bwrap has its own copy (or never started)
         self._procs.add(proc)
         return proc
 
-    def _bwrap_argv(self, env: Mapping[str, str], read_only: Sequence[str | Path]) -> list[str]:
+    def _bwrap_argv(self, env: Mapping[str, str], read_only: Sequence[str | Path], limits: SandboxLimits,
+                    seccomp_fd: int | None) -> list[str]:
         return bwrap_argv(self.workdir, env, read_only=self.read_only, hide=self.hide, uid=self.uid,
-                          also_read_only=[Path(p).resolve() for p in read_only])
+                          also_read_only=[Path(p).resolve() for p in read_only], links=self._links,
+                          tmp_bytes=limits.tmp_bytes, seccomp_fd=seccomp_fd)
 
     async def _reap(self) -> None:
         """As root under bwrap: return once no process of the sandbox's uid is left (`reap_uid`:
@@ -303,7 +345,9 @@ class Sandbox:
 
     def command_line(self, command: str) -> str:
         """The full host command line `run` would start (for logs and debugging)."""
-        argv = (self._bwrap_argv(self.env, ()) if self.isolation == "bwrap" else []) + limits_prefix(self.limits)
+        argv = (self._bwrap_argv(self.env, (), self.limits, 3 if self._seccomp is not None else None)
+                if self.isolation == "bwrap" else []) + limits_prefix(self.limits)
+        argv = (self.cgroup.join_prefix() if self.cgroup is not None else []) + argv
         return shlex.join([*argv, "bash", "-c", command])
 
     # -- files, from the host side ---------------------------------------------------------------
@@ -355,7 +399,9 @@ class Sandbox:
     async def close(self) -> None:
         """Kill what runs and remove the work dir (safe to call twice)."""
         await self.kill()
-        self._finalizer()
+        # the work dir may hold whatever the agent left (100k files: seconds): removed in a worker
+        # thread, off the event loop; the thread finishes it even if this call is cancelled
+        await asyncio.to_thread(self._finalizer)
 
     def close_sync(self) -> None:
         """`close` for synchronous callers: kill process groups, remove the work dir."""
@@ -387,16 +433,54 @@ async def _feed(proc: asyncio.subprocess.Process, data: str) -> None:
         proc.stdin.close()
 
 
-def _remove_tree(path: str) -> None:
-    """Remove a work dir even where the agent took its own permissions away."""
-
-    def retry(func: Any, target: str, _exc: Any) -> None:
+@functools.cache
+def _tmpfs_works() -> bool:
+    """Whether this process may mount a tmpfs (root with CAP_SYS_ADMIN; probed once)."""
+    probe = tempfile.mkdtemp(prefix="arl-mount-probe-")
+    try:
+        if not _mount_tmpfs(Path(probe), 1 << 20):
+            return False
+        _unmount(probe)
+        return True
+    finally:
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), 0o700)
-            os.chmod(target, 0o700)
-            func(target)
+            os.rmdir(probe)
 
-    shutil.rmtree(path, onerror=retry)
+
+def _libc() -> Any:
+    import ctypes  # here: only root's sandboxes mount
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    return libc
+
+
+def _mount_tmpfs(path: Path, size: int) -> bool:
+    """Mount a tmpfs of ``size`` bytes on ``path`` (the work dir: the bound on its disk use); False
+    where that is not allowed."""
+    options = f"size={max(4096, size)},mode=0755".encode()
+    return _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0
+
+
+def _unmount(path: str) -> None:
+    _libc().umount2(os.fsencode(path), _MNT_DETACH)
+
+
+def _cleanup(path: str, mounted: bool, cgroup: Cgroup | None) -> None:
+    """Close a sandbox: its cgroup's processes killed and the cgroup removed, the work dir (and its
+    tmpfs) removed."""
+    if cgroup is not None:
+        cgroup.remove()
+    if mounted:
+        _unmount(path)  # lazily: the files go with the tmpfs, the (empty) mount point stays
+    _remove_tree(path)
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a work dir whatever the agent left in it: taken permissions, a tree deeper than the
+    recursion limit or PATH_MAX (`arl.envs.hostfs.remove_tree`: iterative, never raises)."""
+    remove_tree(path)
 
 
 __all__ = ["COMMAND_STATUSES", "ISOLATIONS", "SANDBOX_CWD", "CommandResult", "Sandbox", "SandboxLimits",

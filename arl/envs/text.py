@@ -1,4 +1,4 @@
-"""TextEnv: an arl game behind a text interface for LLM agents (DESIGN.md §5, REFERENCE.md §1).
+"""TextEnv: an arl game behind a text interface for LLM agents (docs/architecture.md §6, docs/reference.md §1.3).
 
 The observation is the grid text; the action is the model's raw reply, parsed as
 ``<answer>Action</answer>`` (optionally preceded by ``<think>...</think>``). An unparseable reply

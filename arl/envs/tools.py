@@ -1,4 +1,4 @@
-"""ToolEnv: an arl game behind an OpenAI function-calling interface (DESIGN.md §5).
+"""ToolEnv: an arl game behind an OpenAI function-calling interface (docs/architecture.md §6).
 
 The model gets one tool, ``move(direction)``. Each assistant message is one turn.
 
@@ -22,6 +22,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from arl.envs.hostfs import encodable
 from arl.envs.text import TextEnv
 
 TOOL_NAME = "move"
@@ -140,12 +141,12 @@ class ToolEnv:
         unanswered = not calls
         for call in calls:
             call_id = call.get("id") if isinstance(call, dict) else None
-            if isinstance(call_id, str):
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": body})
+            if isinstance(call_id, str):  # echoed back: made encodable like every reply text
+                messages.append({"role": "tool", "tool_call_id": encodable(call_id), "content": encodable(body)})
             else:
                 unanswered = True
         if unanswered:
-            messages.append({"role": "user", "content": body})
+            messages.append({"role": "user", "content": encodable(body)})
         return messages, reward, terminated, truncated, info
 
     def _parse_message(self, message: Any) -> tuple[str | None, str | None, list[Any]]:

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from arl.agents import PushModeRunner
+from arl.config import ManagerConfig
 from arl.engine.scripted import ScriptedEngine
-from arl.rollout import EpisodeSpec, ManagerConfig, TrajEnvManager
+from arl.rollout import EpisodeSpec, TrajEnvManager
 from arl.rollout.proxy import ProxyEnvManager
 
 pytestmark = pytest.mark.anyio

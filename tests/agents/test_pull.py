@@ -10,11 +10,12 @@ import anyio
 import pytest
 
 from arl.agents.pull import PullModeRunner
+from arl.config import ManagerConfig, ProxyConfig, RolloutConfig
 from arl.engine.scripted import ScriptedEngine
 from arl.intercept import ChatHandler, InProcessClient, MessageTracker
 from arl.intercept.exchange import responder
-from arl.rollout import EpisodeSpec, ManagerConfig
-from arl.rollout.factory import ProxyConfig, RolloutConfig, close_manager, make_manager
+from arl.rollout import EpisodeSpec
+from arl.rollout.factory import close_manager, make_manager
 from arl.rollout.runners import runner_factory
 
 pytestmark = pytest.mark.anyio

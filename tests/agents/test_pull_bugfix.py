@@ -24,7 +24,10 @@ async def play(mode: str, transport: str) -> list:
     example agent program as each episode's agent in ``mode``. One at a time, on a fresh engine:
     the config's script is one list cycled across all requests, so concurrent episodes (or a
     second run on the same engine) would draw its lines in another order."""
-    config = load_config("tiny_bugfix_proxy", ["engine.backend=scripted"])
+    # Pull-mode BugFix has no hidden tests (arl.envs.bugfix.env.PULL_MODE_REFUSAL) and is refused;
+    # this test compares the mechanics only, so it opts in (both modes: their env kwargs must match).
+    config = load_config("tiny_bugfix_proxy", ["engine.backend=scripted",
+                                               "rollout.manager.env_kwargs.allow_unhidden_tests=true"])
     engine = make_engine(attrs.evolve(config.engine, model=config.model))  # as the trainer builds it
     env_kwargs = json.dumps(config.rollout.manager.env_kwargs)
     rollout = attrs.evolve(config.rollout, proxy=attrs.evolve(

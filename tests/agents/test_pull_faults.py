@@ -15,10 +15,11 @@ import anyio
 import pytest
 
 from arl.agents.pull import PullModeRunner
+from arl.config import ManagerConfig
 from arl.engine.scripted import ScriptedEngine
 from arl.intercept import ChatHandler, InProcessClient, MessageTracker
 from arl.intercept.exchange import responder
-from arl.rollout import EpisodeSpec, ManagerConfig
+from arl.rollout import EpisodeSpec
 from arl.rollout.proxy import ProxyEnvManager
 
 pytestmark = pytest.mark.anyio

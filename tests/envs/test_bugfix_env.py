@@ -15,12 +15,13 @@ import gymnasium as gym
 import pytest
 
 from arl.agents.bugfix import bugfix_runner
+from arl.config import ManagerConfig
 from arl.engine.scripted import ScriptedEngine
 from arl.envs import register_envs
 from arl.envs.bugfix import BugFixEnv, assistant_message, generate_task, solution_calls, solution_text
 from arl.envs.bugfix.env import ARL_PACKAGE, truncate
 from arl.envs.sandbox import SandboxLimits, bwrap_problem
-from arl.rollout import EpisodeSpec, ManagerConfig
+from arl.rollout import EpisodeSpec
 from arl.rollout.proxy import ProxyEnvManager
 from arl.rollout.runners import bind_runner
 
@@ -194,7 +195,7 @@ def test_sync_step_inside_a_running_loop():
 # -- through the proxy -----------------------------------------------------------------------------
 
 
-STALL_S = 4
+STALL_S = 8  # > two episodes of reset, 3 steps and a judged submit (~1 s of sandboxed runners) on a loaded machine
 
 
 def _solver_engine(tokenizer, seeds, stall_seed=None):

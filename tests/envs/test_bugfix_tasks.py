@@ -1,7 +1,9 @@
 """Generated bug-fix tasks: deterministic, and every one is solvable and failed when untouched.
 
-The solvability check runs the real hidden-test runner inside the sandbox, once on the module as
-shipped and once with the scripted solver's fix, for seeds 0..49 (ARL_BUGFIX_SEEDS=N for more).
+The solvability check judges every case with the host's comparison (`judge.passes`, on the
+runner's encoding) once on the module as shipped and once with the scripted solver's fix, for seeds
+0..49 (ARL_BUGFIX_SEEDS=N for more); the real judge (each case a sandboxed runner) does the same
+for a few of them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import os
 
 import pytest
 
-from arl.envs.bugfix.env import RUNNER
+from arl.envs.bugfix import run_tests
+from arl.envs.bugfix.judge import judge, passes
 from arl.envs.bugfix.tasks import FAMILIES, generate_task
 from arl.envs.sandbox import Sandbox, SandboxLimits
 
@@ -37,46 +40,52 @@ def test_deterministic_and_varied():
         assert len(t.test_names) == len(set(t.test_names)) == t.tests.count("\ndef test_")
 
 
-async def test_every_task_fails_untouched_and_passes_fixed():
-    seeds = range(N_SEEDS)
-    budget = 60.0 + N_SEEDS  # seconds: ~30 ms a run on an idle machine, far more on a loaded one
-    async with Sandbox(SandboxLimits(wall_s=budget, cpu_s=budget, output_bytes=1 << 24), python=True) as sb:
-        sb.write_file("run_tests.py", RUNNER.read_text())
-        for seed in seeds:
-            task = generate_task(seed)
-            sb.write_file(f"t{seed}/{task.test_filename}", task.tests)
-            sb.write_file(f"t{seed}/buggy/{task.filename}", task.source)
-            sb.write_file(f"t{seed}/fixed/{task.filename}", task.fixed_source)
-        loop = (f"for s in {' '.join(map(str, seeds))}; do for v in buggy fixed; do "
-                f"t=$(ls t$s/test_*.py); echo $s:$v | python -I -S -B run_tests.py $t {sb.cwd}/t$s/$v; done; done")
-        result = await sb.run(loop)
-    assert result.ok, result.stderr[-2000:]
-    passed: dict[tuple[int, str], set[str]] = collections.defaultdict(set)
-    ran: dict[tuple[int, str], int] = collections.Counter()
-    for line in result.stdout.splitlines():
-        tag, _, payload = line.partition(" ")
-        seed, variant = tag.split(":")
-        name, ok, _detail = json.loads(payload)
-        ran[int(seed), variant] += 1
-        if ok:
-            passed[int(seed), variant].add(name)
-    for seed in seeds:
+def _outcome(namespace, case):
+    """What the runner would report for ``case``, computed in-process (our own generated code)."""
+    args = run_tests.decode(json.loads(json.dumps(run_tests.encode(case.args))))
+    try:
+        value = namespace[case.function](*args)
+    except Exception as exc:  # noqa: BLE001 -- a mutant's crash is an outcome
+        return "raises", type(exc).__name__
+    return "value", run_tests.decode(json.loads(json.dumps(run_tests.encode(value))))
+
+
+def test_every_task_fails_untouched_and_passes_fixed():
+    for seed in range(N_SEEDS):
         task = generate_task(seed)
-        assert ran[seed, "buggy"] == ran[seed, "fixed"] == len(task.test_names), seed
-        assert passed[seed, "fixed"] == set(task.test_names), (seed, task.issue)
-        assert len(passed[seed, "buggy"]) < len(task.test_names), (seed, task.issue)
+        assert tuple(c.name for c in task.cases) == task.test_names
+        for variant, source in (("buggy", task.source), ("fixed", task.fixed_source)):
+            namespace: dict = {}
+            exec(compile(source, task.filename, "exec"), namespace)  # noqa: S102 -- generated code
+            passed = {c.name for c in task.cases if passes(c, _outcome(namespace, c))}
+            if variant == "fixed":
+                assert passed == set(task.test_names), (seed, task.issue)
+            else:
+                assert len(passed) < len(task.test_names), (seed, task.issue)
 
 
-async def test_pytest_agrees_with_the_runner():
-    """The hidden tests are plain pytest tests: pytest finds the same failures."""
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_the_sandboxed_judge_agrees(seed, tmp_path):
+    task = generate_task(seed)
+    scores = {}
+    for variant, source in (("buggy", task.source), ("fixed", task.fixed_source)):
+        (tmp_path / variant).mkdir()
+        (tmp_path / variant / task.filename).write_text(source)
+        scores[variant] = (await judge(task, tmp_path / variant)).score
+    assert scores["fixed"] == 1.0 > scores["buggy"], (seed, scores)
+
+
+async def test_pytest_agrees_with_the_runner(tmp_path):
+    """The hidden tests are plain pytest tests: pytest finds the failures the judge finds."""
     task = generate_task(5)
+    (tmp_path / task.filename).write_text(task.source)
+    verdict = await judge(task, tmp_path)
+    failed_by_judge = set(task.test_names) - verdict.passed
+    assert failed_by_judge
     async with Sandbox(SandboxLimits(wall_s=60.0, cpu_s=60.0), python=True) as sb:
         sb.write_file(f"tests/{task.test_filename}", task.tests)
         sb.write_file(f"src/{task.filename}", task.source)
-        sb.write_file("run_tests.py", RUNNER.read_text())
         pytest_run = await sb.run(f"PYTHONPATH=src python -m pytest -q -p no:cacheprovider tests/{task.test_filename}")
-        runner = await sb.run(f"echo N | python -I -S -B run_tests.py tests/{task.test_filename} {sb.cwd}/src")
-    failed_by_runner = {json.loads(line[2:])[0] for line in runner.stdout.splitlines() if not json.loads(line[2:])[1]}
-    assert failed_by_runner
     assert pytest_run.exit_code == 1
-    assert f"{len(failed_by_runner)} failed, {len(task.test_names) - len(failed_by_runner)} passed" in pytest_run.stdout
+    assert f"{len(failed_by_judge)} failed, {len(task.test_names) - len(failed_by_judge)} passed" in pytest_run.stdout
+    assert all(f"::{name} " in pytest_run.stdout or name in pytest_run.stdout for name in failed_by_judge)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from arl.envs import ENV_SPECS, register_envs
+from arl.envs import ENV_SPECS, TOOL_ENV_SPECS, register_envs
 
 register_envs()
 ENV_IDS = list(ENV_SPECS)
@@ -41,7 +41,7 @@ def test_ids_registered_with_limits_and_idempotent():
         assert env_id in buf.getvalue()
 
 
-@pytest.mark.parametrize("env_id", ENV_IDS)
+@pytest.mark.parametrize("env_id", [*ENV_IDS, *TOOL_ENV_SPECS])  # a tool env's step observes reply messages
 def test_check_env_passes_without_warnings(env_id):
     env = gym.make(env_id)
     with warnings.catch_warnings():

@@ -241,7 +241,7 @@ def test_min_score_rejects_one_push_levels():
         hard.reset(seed=seed)
         easy_lengths.append(bfs_solution_length(easy.grid_text(), 10))
         hard_lengths.append(bfs_solution_length(hard.grid_text(), 10))
-    assert 1 in easy_lengths  # the REFERENCE default keeps the easiest levels
+    assert 1 in easy_lengths  # the references' default (docs/reference.md §1.1) keeps the easiest levels
     assert None not in hard_lengths and min(hard_lengths) >= 2
 
 def test_seeded_resets_generate_each_level_once_and_match_generation(monkeypatch):

@@ -113,7 +113,8 @@ async def test_fallback_reaches_the_network_as_documented():
 async def test_no_network():
     server, port, seen = await _listener()
     async with server, Sandbox(FAST, python=True) as sb:
-        assert sb.lost == ()
+        # bwrap loses no isolation; only the whole-sandbox bounds depend on the machine (root, cgroups)
+        assert set(sb.lost) <= {"whole-sandbox memory limit", "work dir size limit"}
         bash = await sb.run(f"echo hello > /dev/tcp/127.0.0.1/{port}")
         py = await sb.run(f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\"")
         outside = await sb.run("python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\"")

@@ -9,15 +9,19 @@ agent planted. Files are read as UTF-8, at most `MAX_FILE_BYTES`.
 
 from __future__ import annotations
 
+import os
+import reprlib
 from pathlib import Path
 from typing import Any
 
+from arl.envs.hostfs import display_name, encodable
 from arl.envs.sandbox import Sandbox
 
 COMMANDS = ("view", "create", "str_replace", "insert")
 MAX_FILE_BYTES = 1 << 20
 SNIPPET_LINES = 4  # context lines around an edit in the reply
 MAX_LISTING = 200  # entries of a directory view
+MAX_SCANNED = 10_000  # directory entries a view looks at (a flooded work dir lists in ms, not s)
 
 SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -77,7 +81,29 @@ def _arg(args: dict[str, Any], name: str, kind: type, required: bool = True) -> 
 
 
 def edit(sandbox: Sandbox, args: dict[str, Any]) -> str:
-    """Run one editor command; returns the text for the agent (EditorError for refusals)."""
+    """Run one editor command; returns the text for the agent (EditorError for refusals).
+
+    The file system's own refusals are the agent's faults too (a path under a file, a name
+    too long, a symlink loop, a tree too deep): they become EditorError, never an exception
+    out of the env's step. Replies are always encodable text (`hostfs.encodable`)."""
+    path = args.get("path")
+    try:
+        return encodable(_edit(sandbox, args))
+    except EditorError:
+        raise
+    except OSError as exc:  # ENOTDIR, EEXIST, ENAMETOOLONG, ELOOP, EACCES, ENOSPC, ...
+        raise EditorError(f"{_shown(path)}: {exc.strerror or type(exc).__name__}") from None
+    except ValueError as exc:  # a NUL byte, text that cannot be encoded
+        raise EditorError(f"{_shown(path)}: {encodable(str(exc))[:200]}") from None
+    except RuntimeError:  # pathlib's "Symlink loop from <host path>" (the host path is not the agent's)
+        raise EditorError(f"{_shown(path)}: too many levels of symbolic links") from None
+
+
+def _shown(path: Any) -> str:
+    return encodable(reprlib.repr(path)) if isinstance(path, str) else "path"
+
+
+def _edit(sandbox: Sandbox, args: dict[str, Any]) -> str:
     allowed = set(SCHEMA["function"]["parameters"]["properties"])
     extra = sorted(set(args) - allowed)
     if extra:
@@ -122,6 +148,39 @@ def edit(sandbox: Sandbox, args: dict[str, Any]) -> str:
     return f"Inserted into {path}. The changed region:\n" + _snippet(text, after, new.count("\n") + 1)
 
 
+def _listing(top: Path, limit: int) -> tuple[list[tuple[str, bool]], int]:
+    """The first ``limit`` entries two levels under ``top`` (dot names left out, name order), and
+    how many more there are (-1: more than `MAX_SCANNED` were scanned, the rest not counted): a
+    directory of 100k entries costs a bounded scan, not a walk of the whole tree."""
+    found: list[tuple[str, bool]] = []
+    scanned = 0
+
+    def entries(directory: Path) -> list[os.DirEntry[str]]:
+        nonlocal scanned
+        out = []
+        try:
+            with os.scandir(directory) as it:
+                for entry in it:
+                    scanned += 1
+                    if scanned > MAX_SCANNED:
+                        break
+                    if not entry.name.startswith("."):
+                        out.append(entry)
+        except OSError:
+            pass
+        return sorted(out, key=lambda e: e.name)
+
+    for entry in entries(top):
+        is_dir = entry.is_dir(follow_symlinks=False)
+        found.append((entry.name, is_dir))
+        if is_dir:
+            found += [(os.path.join(entry.name, sub.name), sub.is_dir(follow_symlinks=False))
+                      for sub in entries(top / entry.name)]
+    found.sort(key=lambda item: item[0].split(os.sep))  # pathlib's order: by path parts
+    more = len(found) - limit if len(found) > limit else 0
+    return found[:limit], (-1 if scanned > MAX_SCANNED else more)
+
+
 def _snippet(text: str, first_line: int, count: int) -> str:
     lines = text.splitlines()
     lo, hi = max(0, first_line - SNIPPET_LINES), min(len(lines), first_line + count + SNIPPET_LINES)
@@ -133,11 +192,12 @@ def _view(sandbox: Sandbox, host: Path, path: str, view_range: Any) -> str:
         if view_range is not None:
             raise EditorError("view_range applies to files, not directories")
         root = sandbox.workdir.resolve()
-        entries = sorted(p for p in host.rglob("*") if not any(part.startswith(".") for part in p.relative_to(host).parts)
-                         and len(p.relative_to(host).parts) <= 2)
-        shown = [f"{p.relative_to(root)}{'/' if p.is_dir() else ''}" for p in entries[:MAX_LISTING]]
-        more = f"\n[... {len(entries) - MAX_LISTING} more entries ...]" if len(entries) > MAX_LISTING else ""
-        return f"Files in {path} (two levels deep):\n" + "\n".join(shown) + more
+        shown, more = _listing(host, MAX_LISTING)
+        prefix = host.relative_to(root).parts
+        names = [display_name(os.path.join(*prefix, rel)) + ("/" if is_dir else "") for rel, is_dir in shown]
+        tail = ("\n[... more entries, not counted ...]" if more < 0
+                else f"\n[... {more} more entries ...]" if more else "")
+        return f"Files in {path} (two levels deep):\n" + "\n".join(names) + tail
     lines = _read(host, path).splitlines()
     first, last = 1, len(lines)
     if view_range is not None:

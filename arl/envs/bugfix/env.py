@@ -13,10 +13,10 @@ malformed JSON, an unknown tool or argument, a refused editor command, a command
 or floods its output (shown truncated with a ``[... N characters truncated ...]`` marker).
 
 Reward: 0 per step; at ``submit()`` or at the step limit, the fraction of the task's hidden tests
-that pass, run inside the sandbox after the agent's last action (`arl.envs.bugfix.run_tests`).
-The tests exist only during that one command: written to a fresh host dir, bound read-only,
-removed afterwards; with bwrap the arl package is hidden from every command too, so the task
-generator cannot be read back. A sandbox is made at reset and closed when the episode ends (and
+that pass after the agent's last action, judged by `arl.envs.bugfix.judge`: each test in its own
+sandboxed process of a fresh sandbox, the pass/fail decided on the host (the judged code never sees
+an expected value); a judge that cannot start raises `JudgeUnavailable` instead of scoring 0. With
+bwrap the arl package is hidden from every command, so the task generator cannot be read back. A sandbox is made at reset and closed when the episode ends (and
 at the next reset or close).
 
 Sync and async: gymnasium's ``step`` is synchronous and runs the sandbox commands to completion
@@ -29,14 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import json
 import os
 import reprlib
-import secrets
-import shutil
 import string
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +40,16 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from arl.envs.bugfix import editor
+from arl.envs.bugfix.judge import JudgeUnavailable, judge
 from arl.envs.bugfix.tasks import BugFixTask, generate_task
+from arl.envs.hostfs import encodable, tree_digest
 from arl.envs.sandbox import CommandResult, Sandbox, SandboxLimits
 
 RUNNER = Path(__file__).with_name("run_tests.py")
 ARL_PACKAGE = Path(__file__).resolve().parents[2]  # hidden inside the sandbox: it holds the task generator
 TOOL_NAMES = ("bash", "editor", "submit")
 MAX_ARGUMENT_CHARS = 1 << 17
+MAX_ARGUMENT_DEPTH = 8  # the tools take flat objects (view_range is the deepest: a list of ints)
 EVAL_LIMITS = SandboxLimits(wall_s=20.0, cpu_s=20.0, output_bytes=1 << 20)
 
 TOOLS: list[dict[str, Any]] = [
@@ -135,7 +134,29 @@ def _parse_call(call: Any) -> tuple[str, dict[str, Any]]:
             raise _BadCall("arguments are not valid JSON") from None
     if not isinstance(arguments, dict):
         raise _BadCall("arguments must be a JSON object")
+    _check_text(arguments)
     return name, arguments
+
+
+def _check_text(arguments: dict[str, Any]) -> None:
+    """Refuse argument text no tool can take: a NUL byte (no path or command line holds one) or
+    a lone surrogate (not encodable, so not a file's text or a name). Walked without recursion,
+    to `MAX_ARGUMENT_DEPTH` levels (a dict handed in directly has no JSON size limit)."""
+    stack: list[tuple[Any, int]] = [(arguments, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if "\0" in value:
+                raise _BadCall("arguments must not contain NUL characters")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _BadCall("arguments must be valid Unicode (no lone surrogates)") from None
+        elif isinstance(value, dict | list):
+            if depth >= MAX_ARGUMENT_DEPTH:
+                raise _BadCall(f"arguments nested deeper than {MAX_ARGUMENT_DEPTH} levels")
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
 
 
 def _run_sync(coroutine: Any) -> Any:
@@ -147,16 +168,63 @@ def _run_sync(coroutine: Any) -> Any:
         return pool.submit(asyncio.run, coroutine).result()
 
 
+def _is_reply(message: Any) -> bool:
+    if not isinstance(message, dict) or not all(isinstance(value, str) for value in message.values()):
+        return False
+    keys = {"role", "tool_call_id", "content"} if message.get("role") == "tool" else {"role", "content"}
+    return message.get("role") in ("tool", "user") and message.keys() == keys
+
+
+class Observations(spaces.Space):
+    """What the env observes: the issue (``text``) at reset, then each step's reply messages, a list
+    of ``{"role": "tool", "tool_call_id": ..., "content": ...}`` and ``{"role": "user", "content":
+    ...}`` dicts of strings. No gymnasium space holds both kinds, and `spaces.Dict` needs one key set."""
+
+    def __init__(self, text: spaces.Text) -> None:
+        super().__init__()
+        self.text = text
+
+    def contains(self, x: Any) -> bool:
+        if isinstance(x, str):
+            return self.text.contains(x)
+        return isinstance(x, list) and all(_is_reply(message) for message in x)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        return self.text.sample(mask, probability)
+
+    def seed(self, seed: int | None = None) -> int | list[int] | dict[str, int]:
+        return self.text.seed(seed)
+
+
+# Pull mode runs this env inside the agent's own sandbox, where bubblewrap cannot nest: the tool
+# sandbox is "none", so the model's commands read arl's source (the task generator: the hidden
+# tests rebuilt), and reach the agent process that reports the score. Refused, not warned about:
+# a reward the model can read or write trains reward hacking. (`arl.rollout.runners` refuses the
+# combination before any agent starts; this is the same rule for agent programs started otherwise.)
+PULL_MODE_REFUSAL = (
+    "arl/BugFix-v0 in pull mode has no hidden tests: the env runs inside the agent's sandbox, its "
+    "tool sandbox falls back to isolation 'none' there, and the model's commands can read arl's task "
+    "generator and the agent process that reports the score. Run BugFix in push mode "
+    "(rollout.proxy.runner: push, or arl.agents.bugfix:bugfix_runner), or pass "
+    "allow_unhidden_tests=True to test the mechanics only (its rewards are not to be trained on)."
+)
+
+
+class HiddenTestsUnavailable(RuntimeError):
+    """The env cannot keep its tests hidden from the agent here (see `PULL_MODE_REFUSAL`)."""
+
+
 class BugFixEnv(gym.Env):
     """One generated bug-fix task per seed (`arl.envs.bugfix.tasks`) in a fresh sandbox."""
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}  # an fps as the games declare: gymnasium's checker asks
 
     def __init__(
         self, *, max_steps: int = 20, limits: SandboxLimits | None = None, isolation: str = "auto",
-        output_chars: int = 4000, render_mode: str | None = None,
+        output_chars: int = 4000, render_mode: str | None = None, allow_unhidden_tests: bool = False,
     ) -> None:
         self.max_steps = max_steps
+        self.allow_unhidden_tests = bool(allow_unhidden_tests)  # see PULL_MODE_REFUSAL
         self.limits = limits or SandboxLimits()
         self.isolation = isolation
         self.output_chars = output_chars
@@ -164,7 +232,7 @@ class BugFixEnv(gym.Env):
         self.tools = TOOLS
         # Text both ways (printable ASCII as the nominal charset): the observation is the issue,
         # the action an assistant message (a dict, or its JSON); step returns reply messages.
-        self.observation_space = spaces.Text(max_length=1 << 16, min_length=0, charset=string.printable)
+        self.observation_space = Observations(spaces.Text(max_length=1 << 16, min_length=0, charset=string.printable))
         self.action_space = spaces.Text(max_length=MAX_ARGUMENT_CHARS, min_length=0, charset=string.printable)
         self.task: BugFixTask | None = None
         self.sandbox: Sandbox | None = None
@@ -194,6 +262,9 @@ class BugFixEnv(gym.Env):
         task_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
         self.task = generate_task(task_seed)
         self.sandbox = Sandbox(self.limits, isolation=self.isolation, python=True, hide=[ARL_PACKAGE])
+        if self.sandbox.isolation == "none" and os.environ.get("ARL_TRANSPORT") == "pipe" and not self.allow_unhidden_tests:
+            self.close()
+            raise HiddenTestsUnavailable(PULL_MODE_REFUSAL)
         for name, text in self.task.files.items():
             self.sandbox.write_file(name, text)
         self.elapsed_steps, self.done, self.last_eval = 0, False, {}
@@ -214,7 +285,7 @@ class BugFixEnv(gym.Env):
         if isinstance(action, str):  # the action space is text: an assistant message as JSON
             try:
                 message = json.loads(action)
-            except ValueError:
+            except (ValueError, RecursionError):
                 message = {"role": "assistant", "content": action}
         calls = message.get("tool_calls") if isinstance(message, dict) else None
         replies: list[dict[str, Any]] = []
@@ -246,7 +317,7 @@ class BugFixEnv(gym.Env):
                     text = f"Error: {exc}"
             call_id = call.get("id") if isinstance(call, dict) else None
             if isinstance(call_id, str):
-                replies.append({"role": "tool", "tool_call_id": call_id, "content": text})
+                replies.append({"role": "tool", "tool_call_id": encodable(call_id), "content": encodable(text)})
             else:
                 unanswered.append(text)
         if errors and not calls:
@@ -260,18 +331,25 @@ class BugFixEnv(gym.Env):
                       f"{self.last_eval['passed']}/{self.last_eval['total']} hidden tests pass.")
             unanswered.append(ending)
         if unanswered:
-            replies.append({"role": "user", "content": "\n".join(unanswered)})
+            replies.append({"role": "user", "content": encodable("\n".join(unanswered))})
+        # The state digest reads the work dir: in a worker thread, so that a flooded one (bounded
+        # by `hostfs.MAX_DIGEST_ENTRIES`) stalls no other episode on the event loop.
+        raw_obs = await asyncio.to_thread(self.state_text)
         info = self._info(first_action, not errors, errors[0] if errors else None,
-                          len(calls) if isinstance(calls, list) else 0)
+                          len(calls) if isinstance(calls, list) else 0, raw_obs)
         if terminated or truncated:
-            self._close_sandbox()
+            # removing a work dir the agent flooded takes seconds: in a worker thread, which
+            # finishes the removal even if this step is cancelled meanwhile
+            await asyncio.to_thread(self._close_sandbox)
         return replies, reward, terminated, truncated, info
 
-    def _info(self, action: str | None, valid: bool, error: str | None, num_calls: int) -> dict[str, Any]:
+    def _info(self, action: str | None, valid: bool, error: str | None, num_calls: int,
+              raw_obs: str | None = None) -> dict[str, Any]:
         return {
             "action": action, "action_valid": valid, "action_effective": action is not None, "error": error,
             "num_tool_calls": num_calls, "elapsed_steps": self.elapsed_steps,
-            "success": bool(self.last_eval.get("success", False)), "raw_obs": self.state_text(),
+            "success": bool(self.last_eval.get("success", False)),
+            "raw_obs": self.state_text() if raw_obs is None else raw_obs,
             **{f"tests_{k}": v for k, v in self.last_eval.items() if k in ("passed", "total")},
         }
 
@@ -283,54 +361,34 @@ class BugFixEnv(gym.Env):
                 raise _BadCall('bash takes one string argument, like {"command": "ls"}')
             return format_result(await self.sandbox.run(command), self.output_chars)
         try:
-            return truncate(editor.edit(self.sandbox, arguments), self.output_chars)
+            # host-side file work (up to MAX_FILE_BYTES, a bounded listing) off the event loop
+            return truncate(await asyncio.to_thread(editor.edit, self.sandbox, arguments), self.output_chars)
         except editor.EditorError as exc:
             raise _BadCall(str(exc)) from None
 
     # -- evaluation --------------------------------------------------------------------------------
     async def _evaluate(self) -> float:
-        """Run the hidden tests in the sandbox; the fraction that pass."""
+        """Run the hidden tests (`arl.envs.bugfix.judge`: a sandbox of their own, results compared on
+        the host); the fraction that pass. A judge that cannot start ends the episode and raises
+        `JudgeUnavailable`: no reward is better than a silent 0."""
         assert self.sandbox is not None and self.task is not None
-        task, sandbox = self.task, self.sandbox
-        hidden = Path(tempfile.mkdtemp(prefix="arl-hidden-"))
         try:
-            hidden.chmod(0o755)  # the sandbox's user reads it (bound read-only for this one command)
-            (hidden / task.test_filename).write_text(task.tests)
-            shutil.copyfile(RUNNER, hidden / RUNNER.name)
-            for path in hidden.iterdir():
-                path.chmod(0o644)
-            nonce = secrets.token_hex(16)
-            command = f"python -I -S -B {hidden / RUNNER.name} {hidden / task.test_filename} {sandbox.cwd}"
-            result = await sandbox.run(command, limits=EVAL_LIMITS, stdin=nonce + "\n", read_only=[hidden])
-        finally:
-            shutil.rmtree(hidden, ignore_errors=True)
-        passed = set()
-        for line in result.stdout.splitlines():
-            tag, _, payload = line.partition(" ")
-            if tag == nonce:
-                try:
-                    name, ok, _detail = json.loads(payload)
-                except ValueError:
-                    continue
-                if ok and name in task.test_names:
-                    passed.add(name)
-        total = len(task.test_names)
-        self.last_eval = {"passed": len(passed), "total": total, "success": len(passed) == total,
-                          "status": result.status}
-        return len(passed) / total
+            verdict = await judge(self.task, self.sandbox.workdir, isolation=self.sandbox.isolation)
+        except JudgeUnavailable:
+            self._close_sandbox()
+            raise
+        self.last_eval = {"passed": len(verdict.passed), "total": verdict.total,
+                          "success": len(verdict.passed) == verdict.total, "status": "ok"}
+        return verdict.score
 
     # -- state, lifetime ---------------------------------------------------------------------------
     def state_text(self) -> str:
         """The repository's state (GiGPO's anchor): a digest of its files, so equal edits meet."""
         if self.sandbox is None or self.sandbox.closed:
             return ""
-        digest = hashlib.sha256()
-        root = self.sandbox.workdir
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
-                with open(path, "rb") as f:
-                    digest.update(os.fsencode(path.relative_to(root)) + b"\0" + f.read(1 << 20) + b"\0")
-        return f"repo:{digest.hexdigest()[:16]}"
+        # Bounded (`arl.envs.hostfs`: at most MAX_DIGEST_ENTRIES entries, MAX_DIGEST_BYTES read,
+        # MAX_DIGEST_DEPTH levels); a work dir beyond that is the one state "repo:over-budget".
+        return f"repo:{tree_digest(self.sandbox.workdir)[:16]}"
 
     def render(self) -> str | None:
         if self.render_mode != "ansi" or self.task is None:
@@ -347,4 +405,4 @@ class BugFixEnv(gym.Env):
         self.sandbox = None
 
 
-__all__ = ["EVAL_LIMITS", "TOOLS", "BugFixEnv", "format_result", "truncate"]
+__all__ = ["EVAL_LIMITS", "PULL_MODE_REFUSAL", "TOOLS", "BugFixEnv", "HiddenTestsUnavailable", "format_result", "truncate"]

@@ -1,50 +1,103 @@
-"""A tiny test runner for the hidden tests, run inside the sandbox at evaluation time.
+"""Hidden test cases, run inside a judge sandbox: call functions, print what they returned.
 
-    python -I -S -B run_tests.py TEST_FILE MODULE_DIR   (stdin: one line, a nonce)
+    python -I -S -B run_tests.py MODULE_DIR
+        stdin: one JSON line, {"module": M, "cases": [{"function": F, "args": ARGS}, ...]}
 
-Runs every ``test_*`` function of TEST_FILE in file order, with MODULE_DIR (the agent's work dir)
-last on ``sys.path``, and writes one line per test, ``<nonce> ["name", passed, "detail"]``, to the
-stdout it started with. Why not pytest: pytest's start-up costs ~0.3 s more per evaluation inside
-the sandbox, and it honours files the agent controls (a ``conftest.py``, a ``pytest.py`` on the
-path) that could rewrite the results. Here the code under test cannot fake a report without the
-nonce, which it never sees; its prints go to /dev/null; results of tests that ran survive a later
-hang (the caller counts tests without a line as failed). Standard library only, and run without
-``site`` (``-S``: a venv's many ``.pth`` files cost ~0.15 s a start): this file is copied into the
-sandbox and must run without arl, and the tasks' modules need nothing else.
+Writes `READY` to the stdout it started with, then imports M from MODULE_DIR (last on
+``sys.path``: a module of the agent's cannot shadow the standard library) and, for each case in
+order, calls F on the decoded ARGS and writes one JSON line: ``["value", <encoded result>]``,
+``["raises", "<type name>"]`` (an ``Exception``, as the hidden tests catch them) or ``["error",
+"<why>"]``. The judge sends one case per process by default (`arl.envs.bugfix.judge`).
+
+Why it decides nothing: the code under test runs in this process, so anything here it can read or
+change (a nonce, the reporting calls, the expected values) it can forge. This process therefore
+holds no secret and no expectation: it only says what the code did, and the host
+(`arl.envs.bugfix.judge`) compares that with the expected value it never sent. Whatever the code
+prints instead, it passes only by producing the right value. The `READY` line is written before
+the code under test is imported, so the host can tell "the judge could not start" (no line: a
+broken sandbox or interpreter, an error of the run) from "the code failed" (a 0 for the agent).
+
+Standard library only, without ``site`` (``-S``): this file is bound into the sandbox and must run
+without arl or a venv. `encode` / `decode` are shared with the host: exact built-in types only, so a
+result cannot smuggle in an object whose ``__eq__`` says yes to anything.
 """
 
-import importlib.util
 import json
 import os
 import sys
 
+READY = "arl-judge-ready"
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def encode(value, depth=0):
+    """A JSON-able form of ``value`` built from exact built-in types (TypeError otherwise)."""
+    if depth > 100:
+        raise TypeError("nested too deeply")
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is list:
+        return [encode(v, depth + 1) for v in value]
+    if kind is tuple:
+        return {"tuple": [encode(v, depth + 1) for v in value]}
+    if kind is dict:
+        return {"dict": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+    raise TypeError(f"unsupported type {kind.__name__}")
+
+
+def decode(data, depth=0):
+    """The value `encode` gave ``data`` for (TypeError / ValueError on anything else)."""
+    if depth > 100:
+        raise ValueError("nested too deeply")
+    if type(data) in _PLAIN:
+        return data
+    if type(data) is list:
+        return [decode(v, depth + 1) for v in data]
+    if type(data) is dict and len(data) == 1:
+        if type(data.get("tuple")) is list:
+            return tuple(decode(v, depth + 1) for v in data["tuple"])
+        if type(data.get("dict")) is list:
+            return {decode(k, depth + 1): decode(v, depth + 1) for k, v in data["dict"]}
+    raise ValueError("not an encoded value")
+
 
 def main() -> None:
-    nonce = sys.stdin.readline().strip()
-    test_file, module_dir = sys.argv[1], sys.argv[2]
-    report = os.fdopen(os.dup(1), "w")
+    job = json.loads(sys.stdin.readline())
+    module_dir = sys.argv[1]
+    calls = [(case["function"], decode(case["args"])) for case in job["cases"]]
+    report = os.dup(1)
+    os.write(report, (READY + "\n").encode())
+    # The code under test's prints (even os.write(1, ...)) go nowhere; only `report` is read.
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
     sys.stdout = sys.stderr = open(os.devnull, "w")
-    sys.path.append(module_dir)  # last: a module of the agent's cannot shadow the standard library
-
-    def emit(name: str, passed: bool, detail: str = "") -> None:
-        report.write(f"{nonce} {json.dumps([name, passed, detail[:300]])}\n")
-        report.flush()
-
-    spec = importlib.util.spec_from_file_location("hidden_tests", test_file)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:  # noqa: BLE001 -- the module under test may raise anything, even SystemExit
-        emit("<import>", False, f"{type(exc).__name__}: {exc}")
-        return
-    for name, fn in list(vars(module).items()):
-        if name.startswith("test_") and callable(fn):
-            try:
-                fn()
-            except BaseException as exc:  # noqa: BLE001
-                emit(name, False, f"{type(exc).__name__}: {exc}")
-            else:
-                emit(name, True)
+    sys.path.append(module_dir)
+    try:  # like the hidden tests' ``from M import F, ...``: any failure here fails every case
+        module = __import__(job["module"])
+        for function, _ in calls:
+            if not callable(getattr(module, function, None)):
+                raise ImportError(f"cannot import {function}")
+    except BaseException as exc:  # noqa: BLE001 -- the module under test may raise anything
+        module, failed = None, json.dumps(["error", f"import: {type(exc).__name__}"])
+    for function, args in calls:
+        if module is None:
+            os.write(report, (failed + "\n").encode())
+            continue
+        try:
+            value = getattr(module, function)(*args)
+        except Exception as exc:  # noqa: BLE001 -- what the hidden tests accept as "raises"
+            line = ["raises", type(exc).__name__]
+        except BaseException as exc:  # noqa: BLE001 -- SystemExit and the like: a failure, said so
+            line = ["error", type(exc).__name__]
+        else:
+            line = ["value", value]
+        try:
+            text = json.dumps([line[0], encode(line[1])] if line[0] == "value" else line)
+        except (TypeError, ValueError, RecursionError) as exc:  # a huge int, a custom object, ...
+            text = json.dumps(["error", f"result not plain data: {type(exc).__name__}"])
+        os.write(report, (text + "\n").encode())
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     task.issue          # one line: what goes wrong, e.g. "`clip(5, 0, 3)` returns 5; expected 3."
     task.fix            # (buggy line, fixed line): the known fix, unique in its file
     task.tests          # hidden test file (plain asserts; pytest runs it too)
+    task.cases          # the same tests as data (`TestCase`): what the judge runs and compares
 
 A task is a module of three functions drawn from `FAMILIES` (name variants, argument names and
 order shuffled by the seed); one of them, the target, gets one mutation of a kind real bugs
@@ -217,6 +218,20 @@ _OPERATOR_MUTATIONS: dict[str, tuple[str, str]] = {
 
 
 @attrs.frozen
+class TestCase:
+    """One hidden test as data: ``function(*args)`` must return ``value`` (outcome "value") or
+    raise an exception named ``value`` (outcome "raises"). The judge (`arl.envs.bugfix.judge`)
+    sends only ``function`` and ``args`` into the sandbox; ``outcome`` and ``value`` stay on the host."""
+
+    __test__ = False  # not a pytest class
+    name: str
+    function: str
+    args: tuple[Any, ...] = attrs.field(eq=False, hash=False)  # may hold lists
+    outcome: str
+    value: Any = attrs.field(eq=False, hash=False)
+
+
+@attrs.frozen
 class BugFixTask:
     """One generated task (see the module docstring)."""
 
@@ -230,6 +245,7 @@ class BugFixTask:
     issue: str  # one line
     tests: str  # the hidden test file
     test_names: tuple[str, ...]
+    cases: tuple[TestCase, ...] = attrs.field(default=(), eq=False, hash=False)  # the tests as data, same order
 
     @property
     def filename(self) -> str:
@@ -346,6 +362,8 @@ def generate_task(seed: int) -> BugFixTask:
     return BugFixTask(
         seed=seed, module=module, source=source, fixed_source=correct_source, function=fn_name, bug_kind=kind,
         fix=(buggy_line, fixed_line), issue=issue, tests=tests, test_names=tuple(test_names),
+        cases=tuple(TestCase(f"test_{names[key]}_{i}", names[key], _copy(args), outcome, value)
+                    for key in keys for i, (args, (outcome, value)) in enumerate(zip(cases[key], expected[key], strict=True))),
     )
 
 
@@ -370,4 +388,4 @@ def _test_file(module: str, keys: list[str], names: dict[str, str], cases: dict[
     return "\n".join(lines), test_names
 
 
-__all__ = ["FAMILIES", "BugFixTask", "Family", "generate_task"]
+__all__ = ["FAMILIES", "BugFixTask", "Family", "TestCase", "generate_task"]

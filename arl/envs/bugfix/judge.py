@@ -1,0 +1,196 @@
+"""The bug-fix reward's judge: hidden tests the code under test cannot reach.
+
+    verdict = await judge(task, workdir, isolation="auto")   # Verdict(passed=frozenset({...}), total=11, ...)
+
+The pattern (docs/threat_model.md, "Test-based rewards"), for this judge and any a user writes:
+
+- **The judged code decides nothing.** Each hidden test (`arl.envs.bugfix.tasks.TestCase`) runs
+  in a process of its own (`arl.envs.bugfix.run_tests`) that imports the agent's module, calls one
+  function and prints what it returned. The expected value never enters that process; the host
+  compares the printed result with it. A module that patches the runner, reads its stack or
+  prints fake lines can at most print a value, and passes only if the value is right.
+- **A fresh sandbox, not the agent's.** The agent's top-level ``*.py`` files are copied (regular
+  files only, never through a link, size-bounded) into a new `Sandbox` with its own work dir and
+  uid, bound read-only: processes, files or permissions the agent left in its own work dir do
+  not reach the judge, and one test's process cannot leave state for the next.
+- **A judge that cannot start is an error, not a 0.** Every case's runner writes `READY` before
+  the agent's code is imported; a case without it (no interpreter, a sandbox that cannot start, a
+  host too loaded to start a process in ``case_limits.wall_s``) raises `JudgeUnavailable`, so a
+  broken machine cannot train on all-zero rewards. Nothing the agent's code does can remove a line
+  already written, so it cannot turn its own failure into that error.
+
+Costs: one sandboxed interpreter start per case, ``concurrency`` of them at a time. Measured on
+2 cores busy with other work (bwrap, root, seed 3's 11 tests; medians of 5-8, the load varying):
+0.6-1.1 s a task with one case per process, 0.27-0.85 s with all of them in one
+(``cases_per_process``); the old in-process runner took ~0.08 s on the same machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from arl.envs.bugfix import run_tests
+from arl.envs.bugfix.tasks import BugFixTask, TestCase
+from arl.envs.sandbox import CommandResult, Sandbox, SandboxLimits, SandboxUnavailable
+
+RUNNER = Path(run_tests.__file__)
+ARL_PACKAGE = Path(__file__).resolve().parents[2]  # hidden in the judge's sandbox: it holds the task generator
+CASE_LIMITS = SandboxLimits(wall_s=10.0, cpu_s=5.0, output_bytes=1 << 16)
+MAX_FILE_BYTES = 1 << 20  # a copied module larger than this is left out (the import then fails)
+MAX_FILES = 64
+
+
+class JudgeUnavailable(RuntimeError):
+    """The hidden tests could not run (not the agent's fault): the episode has no reward."""
+
+    def __init__(self, message: str, result: CommandResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@attrs.frozen
+class Verdict:
+    """What the judge decided: ``passed`` test names, ``total`` tests, ``details`` per failed test."""
+
+    passed: frozenset[str]
+    total: int
+    details: dict[str, str] = attrs.field(factory=dict)
+
+    @property
+    def score(self) -> float:
+        return len(self.passed) / self.total if self.total else 0.0
+
+
+def interpreter() -> str:
+    """The interpreter the runner uses: the real binary behind this one (``-S`` needs no venv), so a
+    venv reached through a symlink, or living outside the checkout, is found all the same."""
+    return os.path.realpath(sys.executable)
+
+
+def copy_sources(workdir: Path, into: Path) -> list[str]:
+    """Copy the agent's top-level ``*.py`` files into ``into``: regular files only (never through a
+    link, never a FIFO or device), at most `MAX_FILES` of at most `MAX_FILE_BYTES`. Returns their names."""
+    copied: list[str] = []
+    with os.scandir(workdir) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if len(copied) >= MAX_FILES:
+                break
+            if not entry.name.endswith(".py") or not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:
+                continue
+            target = into / entry.name
+            target.write_bytes(data)
+            target.chmod(0o644)
+            copied.append(entry.name)
+    return copied
+
+
+def outcomes_of(result: CommandResult, n: int) -> tuple[bool, list[tuple[str, Any]]]:
+    """(the runner started, what it reported for each of its ``n`` cases) from one runner's command
+    result. Each report is ``("value", v)``, ``("raises", name)`` or ``("error", why)``. A case with
+    no line (the process died or hung there) is an error; more lines than cases (the code under
+    test wrote some) make every case of the process an error, since which are the runner's cannot
+    be told."""
+    first, _, rest = result.stdout.partition("\n")
+    if first != run_tests.READY:
+        return False, [("error", "the runner did not start")] * n
+    lines = rest.splitlines()
+    if len(lines) > n:
+        return True, [("error", f"{len(lines)} result lines for {n} cases")] * n
+    reports = [_parse(line) for line in lines]
+    return True, reports + [("error", f"no result ({result.status})")] * (n - len(reports))
+
+
+def _parse(line: str) -> tuple[str, Any]:
+    try:
+        kind, payload = json.loads(line)
+        if kind == "value":
+            return "value", run_tests.decode(payload)
+        if kind in ("raises", "error") and isinstance(payload, str):
+            return kind, payload
+    except (ValueError, TypeError, RecursionError):
+        pass
+    return "error", "malformed result"
+
+
+def passes(case: TestCase, reported: tuple[str, Any]) -> bool:
+    """The host's comparison: the test's own ``==`` on plain data, or the exception's name."""
+    kind, got = reported
+    if kind != case.outcome or kind not in ("value", "raises"):
+        return False
+    try:
+        return bool(got == case.value) if kind == "value" else got == case.value
+    except RecursionError:
+        return False
+
+
+async def judge(
+    task: BugFixTask, workdir: Path, *, isolation: str = "auto", case_limits: SandboxLimits = CASE_LIMITS,
+    concurrency: int = 16, cases_per_process: int = 1,
+) -> Verdict:
+    """Run ``task``'s hidden tests against the ``*.py`` files of ``workdir`` (see the module
+    docstring), ``concurrency`` runners at a time. Raises `JudgeUnavailable` when a runner could
+    not start.
+
+    ``cases_per_process``: 1 (default) gives every test a process of its own; more share one
+    process (each a sandboxed command: ~5x cheaper for a whole task in one), which is as safe
+    against forging, since the expected values still stay on the host, but lets one test's side
+    effects or hang reach the tests after it in that process (as in one pytest run)."""
+    scratch = Path(tempfile.mkdtemp(prefix="arl-judge-"))
+    try:
+        code = scratch / "code"
+        code.mkdir()
+        for path in (scratch, code):
+            path.chmod(0o755)  # the sandbox's uid reads them (bound read-only)
+        shutil.copyfile(RUNNER, scratch / RUNNER.name)
+        (scratch / RUNNER.name).chmod(0o644)
+        copy_sources(workdir, code)
+        command = f"{interpreter()} -I -S -B {scratch / RUNNER.name} {code}"
+        gate = asyncio.Semaphore(concurrency)
+        async with Sandbox(case_limits, isolation=isolation, python=True, hide=[ARL_PACKAGE],
+                           read_only=[scratch]) as sandbox:
+
+            async def one(cases: tuple[TestCase, ...]) -> tuple[tuple[TestCase, ...], CommandResult]:
+                job = {"module": task.module, "cases": [
+                    {"function": case.function, "args": run_tests.encode(case.args)} for case in cases]}
+                async with gate:
+                    return cases, await sandbox.run(command, stdin=json.dumps(job) + "\n")
+
+            step = max(1, cases_per_process)
+            chunks = [task.cases[i:i + step] for i in range(0, len(task.cases), step)]
+            results = await asyncio.gather(*(one(chunk) for chunk in chunks))
+    except SandboxUnavailable as exc:
+        raise JudgeUnavailable(f"the judge's sandbox cannot start: {exc}") from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    passed, details = set(), {}
+    for cases, result in results:
+        started, reports = outcomes_of(result, len(cases))
+        if not started:
+            why = result.error or result.stderr.strip()[-500:] or f"status {result.status}"
+            raise JudgeUnavailable(f"the hidden tests' runner could not start ({why}); command: {command}", result)
+        for case, reported in zip(cases, reports, strict=True):
+            if passes(case, reported):
+                passed.add(case.name)
+            else:
+                details[case.name] = reported[0] if reported[0] != "value" else "wrong value"
+    return Verdict(frozenset(passed), len(task.cases), details)
+
+
+__all__ = ["CASE_LIMITS", "JudgeUnavailable", "Verdict", "copy_sources", "interpreter", "judge", "outcomes_of", "passes"]
