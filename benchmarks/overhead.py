@@ -30,8 +30,9 @@ around the runs and what `__aenter__` returns is used):
 
 - traj / step: TrajEnvManager, StepEnvManager (tokens built by the manager);
 - proxy-inprocess: GymRunner through `InProcessClient` (a plain function call);
-- proxy-openai-inproc: proxy-http's manager, but the httpx transport of its stock `openai.AsyncOpenAI`
-  calls the `ProxyServer`'s request handler in-process (JSON, routing, validation, the openai
+- proxy-openai-inproc: proxy-http's manager, but its stock `openai.AsyncOpenAI` clients share an
+  httpx client over `arl.intercept.transport.InProcessTransport`, which calls the `ProxyServer`'s
+  request handling in-process (JSON, routing, validation, the openai
   client's own machinery, but no sockets and no aiohttp HTTP parsing);
 - proxy-http: GymRunner through `openai.AsyncOpenAI` and the aiohttp proxy on loopback.
 """
@@ -55,9 +56,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _util import MANAGER_MODES, cell, manager_for, result_path, summary, table, write_result  # noqa: E402
 
+from arl.config import ManagerConfig  # noqa: E402
 from arl.engine import SamplingParams, make_engine  # noqa: E402
 from arl.intercept.server import ProxyServer  # noqa: E402
-from arl.rollout import GroupScheduler, ManagerConfig  # noqa: E402
+from arl.intercept.transport import InProcessTransport, transport_client  # noqa: E402
+from arl.rollout import GroupScheduler  # noqa: E402
 from arl.rollout.proxy import ProxyEnvManager  # noqa: E402
 
 ENV_ID = "arl/Sokoban-v0"
@@ -68,52 +71,8 @@ CATEGORIES = ("engine", "env", "tokenization", "tracker", "http/json", "agent co
 # -- the openai client over an in-process transport ----------------------------------------------
 
 
-def _httpx() -> Any:
-    try:  # the openai package uses httpx2 (a fork of httpx) in recent versions
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover
-        import httpx
-    return httpx
-
-
-class _Headers:
-    def __init__(self, headers: Any) -> None:
-        self._h = headers
-
-    def get(self, key: str, default: str = "") -> str:
-        return self._h.get(key, default)
-
-
-class _ServerRequest:
-    """The two things `ProxyServer._chat` reads from an aiohttp request: headers and the body."""
-
-    def __init__(self, headers: Any, body: bytes) -> None:
-        self.headers = _Headers(headers)
-        self._body = body
-
-    async def read(self) -> bytes:
-        return self._body
-
-
-def inprocess_transport(server: Any) -> Any:
-    """An httpx transport that hands each request to `server`'s chat-completions handler."""
-    httpx = _httpx()
-
-    class InProcessTransport(httpx.AsyncBaseTransport):
-        async def handle_async_request(self, request: Any) -> Any:
-            body = await request.aread()
-            if request.method != "POST" or not request.url.path.endswith("/chat/completions"):
-                return httpx.Response(404, json={"error": {"message": "not found"}})
-            response = await server._chat(_ServerRequest(request.headers, body))
-            payload = response.body
-            data = payload if isinstance(payload, bytes) else await payload.as_bytes()
-            return httpx.Response(response.status, headers={"content-type": "application/json"}, content=data)
-
-    return InProcessTransport()
-
-
 class InProcessServer(ProxyServer):
-    """A `ProxyServer` that never listens: its handler is called through `inprocess_transport`."""
+    """A `ProxyServer` that never listens: its handlers are called through arl's `InProcessTransport`."""
 
     running = True  # so the manager never starts it
     base_url = "http://arl.inprocess/v1"
@@ -123,7 +82,7 @@ def openai_inprocess_manager(engine: Any, config: ManagerConfig) -> ProxyEnvMana
     """proxy-http's manager whose openai clients reach the server's handler in-process."""
     manager = manager_for("proxy-http", engine, config)
     manager.server = InProcessServer()  # given, not owned: `aclose` leaves it alone
-    manager._http_client = _httpx().AsyncClient(transport=inprocess_transport(manager.server))
+    manager._http_client = transport_client(InProcessTransport(manager.server))
     return manager
 
 
@@ -222,7 +181,7 @@ def instrumented(timers: Timers, engine: Any, manager: Any):
         (MessageTracker, "prepare", "tracker", False), (MessageTracker, "commit", "tracker", False),
         (MessageTracker, "traj_samples", "tracker", False), (MessageTracker, "step_samples", "tracker", False),
         (oa.AsyncCompletions, "create", "http/json", False), (client_mod._Completions, "create", "http/json", False),
-        (ProxyServer, "_chat", "http/json", False), (handler_mod, "make_completion", "http/json", False),
+        (ProxyServer, "dispatch", "http/json", False), (handler_mod, "make_completion", "http/json", False),
         (gym_runner._GameRunner, "run_job", "agent code", False),
         (EnvManager, "run_episode", "manager code", False), (ProxyEnvManager, "run_episode", "manager code", False),
         (handler_mod.ChatHandler, "__call__", "manager code", False),

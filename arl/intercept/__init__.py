@@ -1,14 +1,17 @@
-"""The function-call interception layer (DESIGN.md §6).
+"""The function-call interception layer (docs/architecture.md §7).
 
 Agent code calls an OpenAI-compatible ``client.chat.completions.create(...)``; the call reaches
 an env manager's handler either as a plain function call (`InProcessClient`) or over loopback
-HTTP (`ProxyServer`, for agents in other processes). `MessageTracker` turns the calls of one
-episode into exact token sequences for training.
+HTTP (`ProxyServer`, for agents in other processes), or through an ``httpx`` transport that
+calls the handler in process (`InProcessTransport`, for frameworks that take an ``openai`` client
+or an ``http_client``). ``client.responses.create`` (the Responses API, `arl.intercept.responses`)
+is converted to the same chat path. `MessageTracker` turns the calls of one episode into exact
+token sequences for training.
 """
 
 from __future__ import annotations
 
-from arl.intercept.client import Handler, InProcessClient, openai_status_error
+from arl.intercept.client import ChunkStream, Handler, InProcessClient, openai_status_error
 from arl.intercept.handler import ChatHandler, SamplingDefaults
 from arl.intercept.protocol import (
     BadRequest,
@@ -20,10 +23,12 @@ from arl.intercept.protocol import (
     PayloadTooLarge,
     Unauthorized,
     UnknownEpisode,
+    completion_chunks,
     make_completion,
     normalize_message,
     parse_request,
 )
+from arl.intercept.responses import ResponseStore, make_response, parse_responses_request, response_events
 from arl.intercept.server import ProxyServer
 from arl.intercept.toolcalls import parse_tool_calls
 from arl.intercept.tracker import MessageTracker, TemplateError, TrackedSample
@@ -32,23 +37,38 @@ __all__ = [
     "BadRequest",
     "ChatHandler",
     "ChatRequest",
+    "ChunkStream",
     "ContextLengthExceeded",
     "EngineFailure",
     "EpisodeClosed",
     "Handler",
     "InProcessClient",
+    "InProcessTransport",
     "InterceptError",
     "MessageTracker",
     "PayloadTooLarge",
     "ProxyServer",
+    "ResponseStore",
     "SamplingDefaults",
     "TemplateError",
     "TrackedSample",
     "Unauthorized",
     "UnknownEpisode",
+    "completion_chunks",
     "make_completion",
+    "make_response",
     "normalize_message",
     "openai_status_error",
     "parse_request",
+    "parse_responses_request",
     "parse_tool_calls",
+    "response_events",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "InProcessTransport":  # lazily: it imports the openai client's httpx
+        from arl.intercept.transport import InProcessTransport
+
+        return InProcessTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

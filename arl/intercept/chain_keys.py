@@ -1,4 +1,4 @@
-"""The hash chain that names a chat message in its context (REFERENCE.md §4).
+"""The hash chain that names a chat message in its context (docs/reference.md §4).
 
 Message i of a request gets h_i = sha256(i, role, content, tool_calls, tool_call_id, name, h_{i-1});
 h_{-1} hashes the request's tools. Equal keys mean equal conversation prefixes, which is how the

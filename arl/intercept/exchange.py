@@ -1,17 +1,21 @@
-"""One chat-completions exchange without a web server: raw request in, status and JSON body out.
+"""One chat-completions exchange without a web server: raw request in, status and body out.
 
 Transports that are not HTTP (pull mode's pipes, `arl/agents/pull.py`) carry an agent's raw
 HTTP request to the trainer; `answer` answers it exactly as `ProxyServer` does: the body is
 parsed as JSON, validated by `parse_request` (the validator every transport uses) and handed to
 the episode's handler, and the completion is serialized as the server serializes it
-(``model_dump_json(exclude_unset=True)``). So an agent's model call reaches the same handler with
-the same request whether it came in process, over loopback HTTP or over a pipe, and the samples
-are the same.
+(``model_dump_json(exclude_unset=True)``; with ``stream: true`` the server-sent events of
+`completion_chunks`, ending in ``data: [DONE]``). So an agent's model call reaches the same
+handler with the same request whether it came in process, over loopback HTTP or over a pipe, and
+the samples are the same. ``POST /v1/responses`` (the Responses API) goes the same way through
+`arl.intercept.responses.respond` (the chat request it becomes reaches the same handler); its
+stream is the Responses API's ``event:``/``data:`` events, without ``[DONE]``.
 
 There is no routing key: a pipe belongs to one episode, so ``handler`` and ``env_id`` are bound
 by whoever owns it (`responder`). Failures are answered, never raised, with the server's table:
-404 unknown route, 405 wrong method, 400 body not JSON or not a valid request, 413 body over
-``max_body``, an `InterceptError`'s own status, 500 for anything else the handler raises.
+404 unknown route (its message lists `ENDPOINTS`), 405 wrong method, 400 body not JSON or not a
+valid request, 413 body over ``max_body``, an `InterceptError`'s own status, 500 for anything
+else the handler raises.
 """
 
 from __future__ import annotations
@@ -22,41 +26,85 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
+
 from arl.intercept.client import Handler
 from arl.intercept.protocol import (
     BadRequest,
+    ChatRequest,
     InterceptError,
     PayloadTooLarge,
+    completion_chunks,
     error_body,
     parse_request,
+    sse_events,
 )
+from arl.intercept.responses import RESPONSES_PATH, respond, response_events, sse_response_events
 
 MAX_BODY = 4 * 2**20  # the same request-size limit as ProxyServer's default client_max_size
 CHAT_PATH, MODELS_PATH = "/v1/chat/completions", "/v1/models"
+ENDPOINTS = (("POST", CHAT_PATH), ("POST", RESPONSES_PATH), ("GET", MODELS_PATH), ("GET", MODELS_PATH + "/{model}"))
+POST_PATHS = frozenset({CHAT_PATH, RESPONSES_PATH})  # the routes a handler answers
 
-# (method, path, body) -> (HTTP status, JSON body): what a pull-mode runner calls per request.
+# (method, path, body) -> (HTTP status, body): what a pull-mode runner calls per request.
 Respond = Callable[[str, str, bytes], Awaitable[tuple[int, bytes]]]
 
 _log = logging.getLogger(__name__)
 
 
-def _error(status: int, message: str, kind: str, code: str) -> tuple[int, bytes]:
-    return status, json.dumps(error_body(message, kind, code)).encode()
+@attrs.frozen
+class Reply:
+    """What `exchange` answers: the status and JSON body, or for a streamed reply the SSE events
+    (``body`` is then their concatenation); ``request`` when the body was a valid request;
+    ``unknown_path`` for a 404 on a route arl does not serve."""
+
+    status: int
+    body: bytes
+    events: tuple[bytes, ...] | None = None
+    request: ChatRequest | None = None
+    unknown_path: bool = False
 
 
-async def answer(handler: Handler, env_id: str, method: str, path: str, body: bytes, *,
-                 model_name: str = "arl", max_body: int = MAX_BODY) -> tuple[int, bytes]:
-    """The response ``(status, JSON bytes)`` `ProxyServer` would send for this request."""
+def _error(status: int, message: str, kind: str, code: str, param: str | None = None) -> Reply:
+    return Reply(status, json.dumps(error_body(message, kind, code, param)).encode())
+
+
+def supported_endpoints() -> str:
+    return ", ".join(f"{m} {p}" for m, p in ENDPOINTS)
+
+
+def route_reply(method: str, path: str, *, model_name: str = "arl") -> Reply | None:
+    """The answer to every request but ``POST /v1/chat/completions`` and ``POST /v1/responses``
+    (None for those): the model list, 405 for a wrong method on a known route, 404 naming the
+    supported endpoints."""
     route = path.split("?", 1)[0].rstrip("/")
-    if route == MODELS_PATH:
+    if route in POST_PATHS:
+        return None if method == "POST" else _error(405, f"{method} {route} is not allowed; use POST",
+                                                    "invalid_request_error", "http_405")
+    model = {"id": model_name, "object": "model", "created": 0, "owned_by": "arl"}
+    if route == MODELS_PATH or route.startswith(MODELS_PATH + "/"):
         if method != "GET":
-            return _error(405, "Method Not Allowed", "invalid_request_error", "http_405")
-        models = {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "arl"}]}
-        return 200, json.dumps(models).encode()
-    if route != CHAT_PATH:
-        return _error(404, "Not Found", "invalid_request_error", "http_404")
-    if method != "POST":
-        return _error(405, "Method Not Allowed", "invalid_request_error", "http_405")
+            return _error(405, f"{method} {route} is not allowed; use GET", "invalid_request_error", "http_405")
+        if route == MODELS_PATH:
+            return Reply(200, json.dumps({"object": "list", "data": [model]}).encode())
+        if route[len(MODELS_PATH) + 1 :] == model_name:
+            return Reply(200, json.dumps(model).encode())
+        return _error(404, f"unknown model {route[len(MODELS_PATH) + 1 :][:80]!r}; this proxy serves "
+                      f"{model_name!r}", "invalid_request_error", "model_not_found", "model")
+    return attrs.evolve(
+        _error(404, f"{method} {route[:200]} is not an endpoint of the arl proxy; it serves "
+               f"{supported_endpoints()}", "invalid_request_error", "unknown_endpoint"),
+        unknown_path=True,
+    )
+
+
+async def exchange(handler: Handler, env_id: str, method: str, path: str, body: bytes, *,
+                   model_name: str = "arl", max_body: int = MAX_BODY) -> Reply:
+    """The `Reply` `ProxyServer` would send for this request."""
+    routed = route_reply(method, path, model_name=model_name)
+    if routed is not None:
+        return routed
+    request = None
     try:
         if len(body) > max_body:
             raise PayloadTooLarge(f"request body too large: {len(body)} bytes exceeds {max_body}")
@@ -64,13 +112,33 @@ async def answer(handler: Handler, env_id: str, method: str, path: str, body: by
             data = json.loads(body)
         except (ValueError, RecursionError) as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
-        completion = await handler(env_id, parse_request(data))
-        return 200, completion.model_dump_json(exclude_unset=True).encode()
+        if path.split("?", 1)[0].rstrip("/") == RESPONSES_PATH:
+            responses_request, response = await respond(handler, env_id, data)
+            request = responses_request.chat
+            if responses_request.stream:
+                events = tuple(sse_response_events(response_events(response)))
+                return Reply(200, b"".join(events), events, request)
+            return Reply(200, response.model_dump_json(exclude_unset=True).encode(), request=request)
+        request = parse_request(data)
+        completion = await handler(env_id, request)
+        if request.stream:
+            events = tuple(sse_events(completion_chunks(completion, include_usage=request.include_usage)))
+            return Reply(200, b"".join(events), events, request)
+        return Reply(200, completion.model_dump_json(exclude_unset=True).encode(), request=request)
     except InterceptError as exc:
-        return exc.status, json.dumps(exc.to_json()).encode()
+        return Reply(exc.status, json.dumps(exc.to_json()).encode(), request=request)
     except Exception as exc:  # noqa: BLE001 -- a handler bug must not take the transport down
         _log.error("chat-completions handler raised; answering 500", exc_info=True)
-        return _error(500, f"handler failed: {type(exc).__name__}: {exc}", "server_error", "handler_error")
+        return attrs.evolve(_error(500, f"handler failed: {type(exc).__name__}: {exc}", "server_error",
+                                   "handler_error"), request=request)
+
+
+async def answer(handler: Handler, env_id: str, method: str, path: str, body: bytes, *,
+                 model_name: str = "arl", max_body: int = MAX_BODY) -> tuple[int, bytes]:
+    """The response ``(status, body)`` `ProxyServer` would send for this request (a streamed
+    reply's body is its whole SSE stream: the ``openai`` client parses it whatever the content type)."""
+    reply = await exchange(handler, env_id, method, path, body, model_name=model_name, max_body=max_body)
+    return reply.status, reply.body
 
 
 def responder(client: Any, *, model_name: str | None = None) -> Respond:
@@ -83,4 +151,5 @@ def responder(client: Any, *, model_name: str | None = None) -> Respond:
     return functools.partial(answer, handler, env_id, model_name=model_name or getattr(client, "model", "arl"))
 
 
-__all__ = ["CHAT_PATH", "MAX_BODY", "MODELS_PATH", "Respond", "answer", "responder"]
+__all__ = ["CHAT_PATH", "ENDPOINTS", "MAX_BODY", "MODELS_PATH", "POST_PATHS", "RESPONSES_PATH", "Reply", "Respond", "answer", "exchange",
+           "responder", "route_reply", "supported_endpoints"]

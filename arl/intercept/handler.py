@@ -13,6 +13,29 @@ per-call seed so a rerun reproduces the tokens); the tracker records the engine'
 log-probs; the agent gets an `openai` ``ChatCompletion`` (tool calls parsed from ``<tool_call>``
 blocks when it sent tools).
 
+Where the reply ends (the loss mask at the boundary). The engine stops at its end-of-turn token,
+at max_tokens, or at a ``stop`` string that is one token (passed to it as a stop token). Any
+``stop`` string, of any length, is also matched on the decoded text after the generation (arl's
+engines take stop *tokens* only: `SamplingParams` has no stop strings, so they are matched here,
+post hoc, the same way for every backend): at the first match the sample keeps exactly the
+engine's tokens up to and including the token that completed it (with their log-probs, mask 1);
+the tokens the engine sampled after it are dropped (never trained, never context: a prefix of a
+sample is itself a sample of the same policy), and the template's end-of-turn follows with mask
+0, as after a max_tokens cut (`MessageTracker.commit`). The agent gets the text before the match
+(the API's rule; any text the completing token decoded to beyond the match's start is not in the
+reply, though its token is in the sample), finish_reason ``"stop"``. ``parallel_tool_calls:
+false`` is honoured the same way: a reply with several tool calls is cut after the token that
+closes the first one (``stats["parallel_tool_calls_cut"]``), so the agent never gets two calls
+and the sample holds only what it got.
+
+``stats`` counts those cuts (``stop_cuts``) and the request fields accepted but not acted on
+(``noop_fields``, ``unknown_fields``: see `arl.intercept.protocol`); each such field name is
+logged once per process as a warning (``logging.getLogger("arl.intercept.handler")``).
+
+``responses`` is the episode's `ResponseStore`: the Responses-API replies
+(`arl.intercept.responses`) a later request names by ``previous_response_id``; a Responses request
+reaches ``__call__`` as the `ChatRequest` it converts to, so it is tracked like any chat call.
+
 A failure that ends the episode is kept in ``handler.fault`` as ``(status, exit_reason, error)``
 in the rollout vocabulary (prompt too long -> "max_length"; engine error or abort ->
 "engine_error"; rejected prompt -> "invalid_prompt"), and the agent gets the matching OpenAI error.
@@ -21,6 +44,7 @@ After `close()` (or a fault) every call gets `EpisodeClosed` (410 over HTTP).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -35,10 +59,39 @@ from arl.intercept.protocol import (
     EpisodeClosed,
     make_completion,
 )
+from arl.intercept.responses import ResponseStore
 from arl.intercept.toolcalls import parse_tool_calls
 from arl.intercept.tracker import MessageTracker
 
 Generate = Callable[[Sequence[int], SamplingParams], Awaitable[Generation]]
+
+_log = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # field names logged once per process (bounded: see _warn_field)
+
+
+def _warn_field(kind: str, name: str) -> None:
+    key = f"{kind}:{name[:100]}"
+    if key in _WARNED or len(_WARNED) >= 1024:
+        return
+    _WARNED.add(key)
+    what = "has no effect on arl's engines (a documented no-op)" if kind == "noop" else "is unknown to arl and ignored"
+    _log.warning("request field %r %s; counted in ChatHandler.stats", name[:100], what)
+
+
+def first_prefix(token_ids: Sequence[int], decode: Callable[[Sequence[int]], str],
+                 hit: Callable[[str], bool]) -> int:
+    """The smallest k with ``hit(decode(token_ids[:k]))``, for a ``hit`` true on the whole text
+    (binary search: O(log n) decodes; ``hit`` only grows with the text, up to decoding artefacts
+    at a cut inside a character, which are harmless here: the boundary found is a token where it
+    turns true)."""
+    lo, hi = 1, len(token_ids)  # hit(decode(ids[:hi])) holds
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hit(decode(token_ids[:mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
 
 
 @attrs.frozen
@@ -75,6 +128,9 @@ class ChatHandler:
         self.calls = 0  # model calls started (the index `seed_for` gets)
         self.closed = False
         self.fault: tuple[str, str, str] | None = None
+        self.responses = ResponseStore()  # the episode's Responses-API replies, for previous_response_id
+        self.stats: dict[str, int] = {"stop_cuts": 0, "parallel_tool_calls_cut": 0, "noop_fields": 0,
+                                      "unknown_fields": 0}
 
     def close(self) -> None:
         """The episode ended: later calls are refused with `EpisodeClosed`."""
@@ -89,6 +145,10 @@ class ChatHandler:
         if self.closed or self.fault is not None:
             reason = self.fault[1] if self.fault else "finished"
             raise EpisodeClosed(f"episode {env_id!r} has ended ({reason})")
+        for kind, names in (("noop", request.noop), ("unknown", request.unknown)):
+            for name in names:
+                self.stats[f"{kind}_fields"] += 1
+                _warn_field(kind, name)
         d, tokenizer = self.defaults, self.tracker.tokenizer
         prompt = self.tracker.prepare(request.messages, request.tools, normalized=True)  # parse_request did
         max_tokens = request.max_tokens or d.max_tokens
@@ -122,37 +182,53 @@ class ChatHandler:
         if gen.finish_reason == "abort":
             self.fault = ("Failed", "engine_error", "the engine aborted the request")
             raise EngineFailure("the engine aborted the request")
-        text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        ids, lps, reason = gen.token_ids, gen.logprobs, gen.finish_reason  # cuts below slice them
+
+        def decode(tokens: Sequence[int]) -> str:
+            return tokenizer.decode(tokens, skip_special_tokens=True)
+
+        text = decode(ids)
+        stops = request.stop
+        if stops and any(s in text for s in stops):  # cut at the first match (the module doc)
+            k = first_prefix(ids, decode, lambda t: any(s in t for s in stops))
+            ids, lps, reason = ids[:k], lps[:k], "stop"
+            text = decode(ids)
+            text = text[: min((text.find(s) for s in stops if s in text), default=len(text))]
+            self.stats["stop_cuts"] += 1
         calls: list[dict[str, Any]] = []
         content: str | None = text
         if request.tools and request.tool_choice != "none":
             content, calls = parse_tool_calls(text, id_prefix=f"call_{turn}")
+            if len(calls) > 1 and request.parallel_tool_calls is False:  # keep the first call only
+                k = first_prefix(ids, decode, lambda t: bool(parse_tool_calls(t)[1]))
+                ids, lps, reason = ids[:k], lps[:k], "stop"
+                content, calls = parse_tool_calls(decode(ids), id_prefix=f"call_{turn}")
+                calls = calls[:1]
+                self.stats["parallel_tool_calls_cut"] += 1
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             reply["tool_calls"] = calls
-        self.tracker.commit(prompt, gen.token_ids, gen.logprobs, gen.finish_reason, reply, gen.policy_version)
-        finish = "length" if gen.finish_reason == "length" else ("tool_calls" if calls else "stop")
+        self.tracker.commit(prompt, ids, lps, reason, reply, gen.policy_version)
+        finish = "length" if reason == "length" else ("tool_calls" if calls else "stop")
         token_logprobs = None
         if request.logprobs:
-            pieces = tokenizer.convert_ids_to_tokens(list(gen.token_ids))
-            token_logprobs = list(zip(pieces, gen.logprobs, strict=True))
+            pieces = tokenizer.convert_ids_to_tokens(list(ids))
+            token_logprobs = list(zip(pieces, lps, strict=True))
         return make_completion(
             completion_id=f"chatcmpl-{env_id}-{turn}", model=request.model, content=content, tool_calls=calls,
-            finish_reason=finish, prompt_tokens=len(prompt.prompt_ids), completion_tokens=len(gen.token_ids),
+            finish_reason=finish, prompt_tokens=len(prompt.prompt_ids), completion_tokens=len(ids),
             token_logprobs=token_logprobs,
         )
 
     def _stop_ids(self, request: ChatRequest) -> tuple[int, ...]:
-        """``stop`` strings that are single tokens become stop tokens; others are refused (a
-        string stop would cut the engine's tokens mid-token and break token-exactness)."""
+        """``stop`` strings that are one token also become stop tokens, so the engine stops there
+        instead of running on; every stop string is matched on the text afterwards (module doc)."""
         ids = []
         for text in request.stop:
             encoded = self.tracker.tokenizer.encode(text, add_special_tokens=False)
-            if len(encoded) != 1:
-                raise BadRequest(f"stop string {text[:40]!r} is not a single token; only single-token "
-                                 "stops are supported", param="stop")
-            ids.append(int(encoded[0]))
+            if len(encoded) == 1:
+                ids.append(int(encoded[0]))
         return tuple(ids)
 
 
-__all__ = ["ChatHandler", "Generate", "SamplingDefaults"]
+__all__ = ["ChatHandler", "Generate", "SamplingDefaults", "first_prefix"]

@@ -8,6 +8,30 @@ Errors are `InterceptError`s carrying an HTTP status and OpenAI's error JSON sha
 (``{"error": {"message", "type", "param", "code"}}``). The HTTP server sends them as they are;
 `InProcessClient` raises the `openai` exception the stock client would raise for that response
 (`openai.BadRequestError` for 400, ...), so agent code sees the same errors on both transports.
+
+Every request field is honoured or refused, never silently dropped:
+
+- **Honoured**: ``messages``, ``model``, ``tools``, ``tool_choice`` (``"auto"``, ``"none"``: tool
+  calls are then not parsed), ``max_tokens`` / ``max_completion_tokens``, ``temperature``,
+  ``top_p``, ``top_k``, ``seed``, ``n`` (1), ``stop`` (strings of any length: `ChatHandler` cuts
+  the reply at the first match), ``stream`` and ``stream_options.include_usage``
+  (`completion_chunks`), ``logprobs``, ``parallel_tool_calls`` (``false``: the reply is cut after
+  its first tool call, see `ChatHandler`).
+- **Refused with a 400 naming the field**, because the engine cannot enforce them (no
+  constrained decoding, no penalties, no top-k log-probs): ``response_format`` other than
+  ``{"type": "text"}``, ``tool_choice`` ``"required"`` or a named tool, and (`REFUSED`) vLLM's
+  ``guided_*`` / ``structured_outputs`` extras, non-zero ``frequency_penalty`` /
+  ``presence_penalty``, ``repetition_penalty`` other than 1, non-zero ``min_p``, a non-empty
+  ``logit_bias``, ``top_logprobs`` > 0, ``modalities`` other than ``["text"]``, ``audio``,
+  ``prediction``, ``web_search_options``, the deprecated ``functions`` / ``function_call``.
+  Malformed values of honoured fields are refused the same way.
+- **Documented no-ops**: bookkeeping fields that cannot change the reply (`METADATA_FIELDS`:
+  ``user``, ``metadata``, ``store``, ``service_tier``, ...; and ``stream_options`` on a request
+  that does not stream, its ``include_obfuscation``); reasoning-model fields
+  (`NOOP_FIELDS`: ``reasoning_effort``, ``verbosity``) are accepted but *warned*: their names are
+  in ``ChatRequest.noop`` and the transports count them (``ProxyServer.stats``,
+  ``ChatHandler.stats``) and log each name once. Any other field is kept in ``ChatRequest.extra``,
+  named in ``ChatRequest.unknown``, counted and logged the same way.
 """
 
 from __future__ import annotations
@@ -105,7 +129,12 @@ class ChatRequest:
     n: int = 1
     stop: tuple[str, ...] = ()
     logprobs: bool = False
-    extra: dict[str, Any] = attrs.field(factory=dict, eq=False)  # other fields, passed through
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk carries the usage
+    parallel_tool_calls: bool | None = None  # False: at most one tool call per reply
+    noop: tuple[str, ...] = ()  # NOOP_FIELDS the request set (accepted, not acted on: counted)
+    unknown: tuple[str, ...] = ()  # fields arl does not know (kept in `extra`: counted)
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False)  # fields not acted on, as sent
 
 
 def _fail(message: str, param: str | None = None) -> BadRequest:
@@ -212,13 +241,77 @@ def _tool(tool: Any, k: int) -> dict[str, Any]:
 
 _KNOWN = {
     "messages", "model", "tools", "tool_choice", "max_tokens", "max_completion_tokens", "temperature",
-    "top_p", "top_k", "seed", "n", "stop", "stream", "logprobs", "top_logprobs",
+    "top_p", "top_k", "seed", "n", "stop", "stream", "stream_options", "logprobs",
+    "parallel_tool_calls", "response_format",
 }
+# Accepted, and do nothing: reasoning-model settings (no reasoning budget to set). Counted, warned.
+NOOP_FIELDS = frozenset({"reasoning_effort", "verbosity"})
+# Accepted, and do nothing: bookkeeping that cannot change the reply. Documented, not warned.
+METADATA_FIELDS = frozenset({
+    "user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+    "safety_identifier",
+})
+# Output constraints (vLLM's extras): the engine has no constrained decoding, so they are refused.
+_CONSTRAINED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+# field -> (is this value the no-op default?, why it is refused otherwise)
+REFUSED: dict[str, tuple[Any, str]] = {
+    "frequency_penalty": (lambda v: v == 0, "arl's engines apply no frequency penalty"),
+    "presence_penalty": (lambda v: v == 0, "arl's engines apply no presence penalty"),
+    "repetition_penalty": (lambda v: v == 1, "arl's engines apply no repetition penalty"),
+    "min_p": (lambda v: v == 0, "arl's engines do not truncate with min_p"),
+    "logit_bias": (lambda v: not v, "arl's engines apply no logit bias"),
+    "top_logprobs": (lambda v: v == 0, "arl's engines return only the sampled token's log-prob (logprobs: true)"),
+    "modalities": (lambda v: v == ["text"], "arl replies with text only"),
+    "audio": (lambda v: False, "arl replies with text only"),
+    "prediction": (lambda v: False, "predicted outputs are not supported"),
+    "web_search_options": (lambda v: False, "arl's model has no web search"),
+    "functions": (lambda v: False, "the deprecated 'functions' is not supported: send 'tools'"),
+    "function_call": (lambda v: False, "the deprecated 'function_call' is not supported: send 'tool_choice'"),
+    **{k: (lambda v: False, "the backend has no constrained (structured-output) decoding") for k in _CONSTRAINED},
+}
+_NOT_ENFORCED = ("cannot be enforced: the arl backend has no constrained (structured-output) decoding, and an "
+                 "unenforced constraint would train on replies the agent did not ask for")
+
+
+def _tool_choice(choice: Any) -> Any:
+    """``"auto"`` / ``"none"`` (or unset); ``"required"`` and a named tool are refused."""
+    if choice is None or choice in ("auto", "none"):
+        return choice
+    if choice == "required" or (isinstance(choice, dict) and choice.get("type") in ("function", "allowed_tools")):
+        if choice == "required":
+            what = "'required'"
+        else:
+            name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+            what = f"naming the tool {name!r}" if isinstance(name, str) else f"of type {choice.get('type')!r}"
+        raise _fail(f"tool_choice {what} {_NOT_ENFORCED}; send tool_choice 'auto' (or omit it) and check the "
+                    "reply's tool calls in the agent", "tool_choice")
+    raise _fail("tool_choice must be 'auto', 'none', 'required' or a named function", "tool_choice")
+
+
+def _response_format(value: Any) -> None:
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return
+    if kind in ("json_object", "json_schema"):
+        raise _fail(f"response_format {kind!r} {_NOT_ENFORCED}; omit response_format and validate the reply "
+                    "in the agent", "response_format")
+    raise _fail("response_format must be an object {'type': 'text' | 'json_object' | 'json_schema'}",
+                "response_format")
+
+
+def _refused(body: dict[str, Any]) -> None:
+    for field, (harmless, why) in REFUSED.items():
+        value = body.get(field)
+        if value is not None and not harmless(value):
+            raise _fail(f"{field}={str(value)[:60]} is not supported: {why}; omit it", field)
 
 
 def parse_request(body: Any) -> ChatRequest:
     """Validate a chat-completions body (the JSON the stock client sends; ``extra_body`` fields
-    at the top level, ``null`` meaning unset). Raises `BadRequest` with the offending field."""
+    at the top level, ``null`` meaning unset). Raises `BadRequest` with the offending field.
+    Which fields are honoured, refused or no-ops: the module doc."""
     if not isinstance(body, dict):
         raise _fail("the request body must be a JSON object")
     get = body.get
@@ -234,8 +327,19 @@ def parse_request(body: Any) -> ChatRequest:
         if not isinstance(tools, list):
             raise _fail("tools must be a list", "tools")
         tools = tuple(_tool(t, k) for k, t in enumerate(tools)) or None
-    if get("stream"):
-        raise _fail("streaming is not supported by the arl proxy", "stream")
+    tool_choice = _tool_choice(get("tool_choice"))
+    _response_format(get("response_format"))
+    stream, stream_options = get("stream"), get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise _fail("stream must be a boolean", "stream")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise _fail("stream_options must be an object", "stream_options")
+    include_usage = (stream_options or {}).get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise _fail("stream_options.include_usage must be a boolean", "stream_options")
+    parallel = get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _fail("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     max_tokens = get("max_completion_tokens") if get("max_completion_tokens") is not None else get("max_tokens")
     if max_tokens is not None and not (_is_int(max_tokens) and max_tokens >= 1):
         raise _fail("max_tokens must be an integer >= 1", "max_tokens")
@@ -253,17 +357,26 @@ def parse_request(body: Any) -> ChatRequest:
     stop = get("stop")
     if isinstance(stop, str):
         stop = [stop]
-    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise _fail("stop must be a string or a list of strings", "stop")
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise _fail("stop must be a non-empty string or a list of non-empty strings", "stop")
     logprobs = get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise _fail("logprobs must be a boolean", "logprobs")
+    extra = {k: v for k, v in body.items() if k not in _KNOWN}
+    noop: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()
+    if extra:
+        _refused(extra)
+        noop = tuple(k for k in extra if k in NOOP_FIELDS and extra[k] is not None)
+        unknown = tuple(k for k in extra if k not in NOOP_FIELDS and k not in METADATA_FIELDS and k not in REFUSED
+                        and extra[k] is not None)
     return ChatRequest(
-        messages=normalized, model=model, tools=tools, tool_choice=get("tool_choice"),
+        messages=normalized, model=model, tools=tools, tool_choice=tool_choice,
         max_tokens=max_tokens, temperature=None if temperature is None else float(temperature),
         top_p=None if top_p is None else float(top_p), top_k=None if top_k is None else max(0, top_k),
-        seed=seed, n=n or 1, stop=tuple(stop or ()), logprobs=bool(logprobs),
-        extra={k: v for k, v in body.items() if k not in _KNOWN},
+        seed=seed, n=n or 1, stop=tuple(dict.fromkeys(stop or ())), logprobs=bool(logprobs),
+        stream=bool(stream), include_usage=bool(stream and include_usage), parallel_tool_calls=parallel,
+        noop=noop, unknown=unknown, extra=extra,
     )
 
 
@@ -314,3 +427,60 @@ def make_completion(
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     })
+
+
+@functools.cache
+def _chunk_type() -> Any:
+    from openai.types.chat import ChatCompletionChunk
+
+    return ChatCompletionChunk
+
+
+def completion_chunks(completion: Any, *, include_usage: bool = False) -> list[Any]:
+    """A finished `ChatCompletion` as the `openai.types.chat.ChatCompletionChunk`s a streaming
+    server sends for it (what ``stream: true`` gets, in process and over HTTP).
+
+    The reply is generated whole first, so the tracked tokens are exactly the sampled ones; the
+    chunks then carry it in OpenAI's order: the role (``content: ""``, or null for a reply of tool
+    calls only), the content in one delta, per tool call a delta with its ``index``, ``id``,
+    ``type`` and ``name`` (``arguments: ""``) then one with its arguments, an empty delta with the
+    ``finish_reason``, and with ``include_usage`` a last chunk with no choices and the usage
+    (every earlier chunk then has ``usage: null``, as OpenAI sends it). Log-probs ride on the
+    content delta (on the finishing one when there is no content). Concatenating the deltas, as
+    the ``openai`` package's ``ChatCompletionStreamState`` does, gives back the completion's message.
+    """
+    choice = completion.choices[0]
+    message = choice.message
+    head = {"id": completion.id, "object": "chat.completion.chunk", "created": completion.created,
+            "model": completion.model}
+    if include_usage:
+        head["usage"] = None
+    logprobs = choice.logprobs.model_dump(mode="json", exclude_unset=True) if choice.logprobs is not None else None
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, lps: Any = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}]}
+
+    content = message.content
+    chunks = [chunk({"role": "assistant", "content": "" if content is not None else None, "refusal": None})]
+    if content:
+        chunks.append(chunk({"content": content}, lps=logprobs))
+        logprobs = None
+    for k, call in enumerate(message.tool_calls or ()):
+        chunks.append(chunk({"tool_calls": [{"index": k, "id": call.id, "type": "function",
+                                             "function": {"name": call.function.name, "arguments": ""}}]}))
+        if call.function.arguments:
+            chunks.append(chunk({"tool_calls": [{"index": k, "function": {"arguments": call.function.arguments}}]}))
+    chunks.append(chunk({}, choice.finish_reason, logprobs))
+    if include_usage:
+        usage = completion.usage.model_dump(mode="json", exclude_unset=True) if completion.usage else None
+        chunks.append({**head, "choices": [], "usage": usage})
+    validate = _chunk_type().model_validate
+    return [validate(c) for c in chunks]
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_events(chunks: Sequence[Any]) -> list[bytes]:
+    """Server-sent events of `completion_chunks`: ``data: <chunk JSON>`` each, then ``data: [DONE]``."""
+    return [b"data: " + c.model_dump_json(exclude_unset=True).encode() + b"\n\n" for c in chunks] + [SSE_DONE]

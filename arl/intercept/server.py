@@ -1,9 +1,12 @@
 """ProxyServer: the interception layer over real HTTP, for agents in other processes.
 
-An aiohttp app on loopback serving ``POST /v1/chat/completions`` and ``GET /v1/models``. The
-request's ``Authorization: Bearer <token>`` picks the episode's handler (the same handler an
-`InProcessClient` calls), so a stock ``openai.AsyncOpenAI(base_url=server.base_url,
-api_key=token)`` plays an episode exactly as the in-process client does.
+An aiohttp app on loopback serving ``POST /v1/chat/completions`` (``stream: true`` too: the
+reply as server-sent events, `completion_chunks`), ``POST /v1/responses`` (the Responses API,
+`arl.intercept.responses`, streamed too), ``GET /v1/models`` and
+``GET /v1/models/{model}``. The request's ``Authorization: Bearer <token>`` picks the episode's
+handler (the same handler an `InProcessClient` calls), so a stock
+``openai.AsyncOpenAI(base_url=server.base_url, api_key=token)`` plays an episode exactly as the
+in-process client does.
 
 The token is whatever key `register` was given. `ProxyEnvManager` registers an unguessable
 per-episode secret (``secrets.token_urlsafe(32)``), never the episode id: ids follow a pattern,
@@ -14,17 +17,27 @@ Every failure is an OpenAI-shaped JSON error, never a crash, and the server keep
 
 ======  ==================================================================================
 401     missing or malformed ``Authorization: Bearer <token>``
-404     unknown token (never registered, unregistered, or guessed), unknown route
+404     unknown token (never registered, unregistered, or guessed); unknown route (the
+        message lists the supported endpoints; counted and logged once per route)
 405     wrong method on a known route
 400     body is not JSON, or not a valid chat-completions request (`parse_request`)
 413     body larger than ``client_max_size``
 410     the token's episode has ended (`close_episode`)
 500     the handler raised something other than an `InterceptError` (its own status otherwise)
 ======  ==================================================================================
+
+``stats`` counts every request (``requests``), the failed ones (``errors``), requests to
+unknown routes (``unknown_paths``), streamed replies (``streams``), and requests that set a
+field arl accepts without acting on it: ``noop_fields`` (reasoning-model settings, see
+`protocol.NOOP_FIELDS`) and ``unknown_fields``, each also per field as ``"noop_field:<name>"`` /
+``"unknown_field:<name>"`` (`ChatHandler` logs each such field name once). The first request to
+each unknown route is logged as a warning (``logging.getLogger("arl.intercept.server")``; arl
+configures no logging).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -32,8 +45,16 @@ from typing import Any
 from aiohttp import web
 
 from arl.intercept.client import Handler
-from arl.intercept.exchange import CHAT_PATH, answer
+from arl.intercept.exchange import (
+    CHAT_PATH,
+    RESPONSES_PATH,
+    Reply,
+    exchange,
+    route_reply,
+    supported_endpoints,
+)
 from arl.intercept.protocol import (
+    ChatRequest,
     EpisodeClosed,
     InterceptError,
     PayloadTooLarge,
@@ -42,6 +63,7 @@ from arl.intercept.protocol import (
     error_body,
 )
 
+MAX_WARNED = 1024  # distinct unknown fields / routes counted by name and logged once
 MAX_CLOSED = 1 << 16  # closed env ids remembered for their 410 (oldest forgotten first: then 404)
 
 _log = logging.getLogger(__name__)
@@ -82,15 +104,19 @@ class ProxyServer:
         self._handlers: dict[str, Handler] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
         self._runner: web.AppRunner | None = None
-        self.stats: dict[str, int] = {"requests": 0, "errors": 0}
+        self.stats: dict[str, int] = {
+            "requests": 0, "errors": 0, "unknown_paths": 0, "streams": 0, "noop_fields": 0, "unknown_fields": 0,
+        }
+        self._warned: set[str] = set()  # field names counted by name, routes logged once
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> ProxyServer:
         if self._runner is not None:
             return self
         app = web.Application(client_max_size=self.client_max_size, middlewares=[_errors])
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
+        app.router.add_post(CHAT_PATH, self._post)
+        app.router.add_post(RESPONSES_PATH, self._post)
+        app.router.add_route("*", "/{path:.*}", self._other)  # models, 404s and 405s: `route_reply`
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
@@ -149,8 +175,7 @@ class ProxyServer:
     def env_ids(self) -> list[str]:
         return list(self._handlers)
 
-    def _route(self, request: web.Request) -> tuple[str, Handler]:
-        auth = request.headers.get("Authorization", "")
+    def _route(self, auth: str) -> tuple[str, Handler]:
         scheme, _, token = auth.strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
@@ -163,25 +188,76 @@ class ProxyServer:
         return token, handler
 
     # -- endpoints -------------------------------------------------------------------------------
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def dispatch(self, method: str, path: str, authorization: str, body: bytes | None) -> Reply:
+        """The reply to one request, counted in `stats` as the HTTP server counts it: what the
+        aiohttp routes answer, and what `arl.intercept.transport.InProcessTransport` answers
+        without a socket. ``body`` None: a POST whose body was not read (413)."""
         self.stats["requests"] += 1
+        reply = route_reply(method, path, model_name=self.model_name)
+        if reply is not None:
+            if reply.status != 200:
+                self.stats["errors"] += 1
+            if reply.unknown_path:
+                self.stats["unknown_paths"] += 1
+                if self._first(f"path:{method} {path[:200]}"):
+                    _log.warning("arl proxy: %s %s is not an endpoint (404); supported: %s",
+                                 method, path[:200], supported_endpoints())
+            return reply
         try:
-            env_id, handler = self._route(request)
-            raw = await request.read()
+            env_id, handler = self._route(authorization)
+            if body is None:
+                raise PayloadTooLarge(f"request body too large: over {self.client_max_size} bytes")
         except InterceptError as exc:
             self.stats["errors"] += 1
-            return _json_error(exc.status, exc.to_json())
-        except web.HTTPException:
-            self.stats["errors"] += 1
-            raise  # 413 and friends: the middleware shapes them
+            return Reply(exc.status, json.dumps(exc.to_json()).encode())
         # parse, validate, handle, serialize: the one exchange every transport shares (pull mode too)
-        status, payload = await answer(handler, env_id, "POST", CHAT_PATH, raw, max_body=len(raw))
-        if status != 200:
+        reply = await exchange(handler, env_id, method, path, body, model_name=self.model_name,
+                               max_body=self.client_max_size)
+        if reply.request is not None:
+            self._count_fields(reply.request)
+        if reply.status != 200:
             self.stats["errors"] += 1
-        return web.Response(status=status, body=payload, content_type="application/json")
+        if reply.events is not None:
+            self.stats["streams"] += 1
+        return reply
 
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "object": "list",
-            "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "arl"}],
-        })
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        try:
+            raw: bytes | None = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raw = None
+        reply = await self.dispatch(request.method, request.path, request.headers.get("Authorization", ""), raw)
+        if reply.events is None:
+            return web.Response(status=reply.status, body=reply.body, content_type="application/json")
+        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                           "Cache-Control": "no-cache"})
+        try:
+            await response.prepare(request)
+            for event in reply.events:
+                await response.write(event)
+            await response.write_eof()
+        except ConnectionError:  # the agent hung up mid-stream: its call was already recorded
+            pass
+        return response
+
+    def _count_fields(self, request: ChatRequest) -> None:
+        for kind, names in (("noop", request.noop), ("unknown", request.unknown)):
+            for name in names:
+                self.stats[f"{kind}_fields"] += 1
+                key = f"{kind}_field:{name[:100]}"
+                if key in self.stats or self._first(key):  # per-name counters: bounded
+                    self.stats[key] = self.stats.get(key, 0) + 1
+
+    def _first(self, key: str) -> bool:
+        """Is this the first time `key` is seen? At most MAX_WARNED keys are remembered (an agent
+        sending ever new field names or paths must not grow the stats or the log without bound)."""
+        if key in self._warned or len(self._warned) >= MAX_WARNED:
+            return False
+        self._warned.add(key)
+        return True
+
+    async def _other(self, request: web.Request) -> web.StreamResponse:
+        if route_reply(request.method, request.path, model_name=self.model_name) is None:
+            return await self._post(request)  # a POST route with a trailing slash
+        reply = await self.dispatch(request.method, request.path, request.headers.get("Authorization", ""), b"")
+        return web.Response(status=reply.status, body=reply.body, content_type="application/json")

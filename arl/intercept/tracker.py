@@ -1,4 +1,4 @@
-"""MessageTracker: the token view of an agent's chat-completions calls (REFERENCE.md §4).
+"""MessageTracker: the token view of an agent's chat-completions calls (docs/reference.md §4).
 
 An agent sends whole message lists; the engine wants token ids, and training wants the exact
 tokens the engine sampled. The tracker bridges the two for one episode:
@@ -30,7 +30,14 @@ tokens the engine sampled. The tracker bridges the two for one episode:
   2. Otherwise the request *forks*: a new branch starts whose path is the request's path. This
      happens whenever the agent drops, edits, reorders, truncates or summarises earlier
      messages, edits or omits the model's last response, or re-sends an old prefix (a retry).
-     Earlier branches are kept unchanged.
+     Earlier branches are kept unchanged. A fork whose request holds an assistant message the
+     engine did not generate is a *history rewrite* (``stats["history_rewrites"]``): the agent
+     re-sends past turns in its own form (smolagents writes the model's output back in its own
+     text format, so every call forks). Traj samples of such an agent are one short branch per
+     call; ``tracker_mode="step"`` (one sample per call, its prompt as the agent sent it) fits
+     it. The first rewrite is logged once per process as a warning that says so
+     (``logging.getLogger("arl.intercept.tracker")``), unless the tracker was built with
+     ``tracker_mode="step"``.
   3. A response that repeats word for word a message the engine already generated at the same
      place (same key) *is* that message: the first recorded tokens stand for it, the repeat adds
      no tokens to traj samples (step mode keeps its own sample), and a branch left with no
@@ -60,6 +67,7 @@ tracker's state: nodes, requests, branches and the samples cut from them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -71,6 +79,9 @@ from arl.intercept.protocol import normalize_message
 from arl.intercept.template import _DUMMY, TemplateError, _render, _Template, _template
 
 Keep = Literal["all", "longest"]
+
+_log = logging.getLogger(__name__)
+_REWRITE_WARNED: list[bool] = []  # the history-rewrite warning is logged once per process
 
 @attrs.define(eq=False)
 class Node:
@@ -178,10 +189,11 @@ class MessageTracker:
 
     def __init__(
         self, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None,
-        *, chat_template_kwargs: dict[str, Any] | None = None,
+        *, chat_template_kwargs: dict[str, Any] | None = None, tracker_mode: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
+        self.tracker_mode = tracker_mode  # the samples' mode, when known: "step" silences the rewrite warning
         self._kwargs = tuple(sorted((chat_template_kwargs or {}).items()))
         self._nodes: dict[str, Node] = {}
         # chain_key memo: every request re-sends the whole history, so without it each call would
@@ -191,7 +203,7 @@ class MessageTracker:
         self.branches: list[Branch] = []
         self.stats: dict[str, int] = {
             "requests": 0, "messages_reused": 0, "messages_tokenized": 0, "tokens_tokenized": 0,
-            "untracked_assistant": 0, "forks": 0,
+            "untracked_assistant": 0, "forks": 0, "history_rewrites": 0,
         }
 
     # -- template parts --------------------------------------------------------------------------
@@ -324,6 +336,8 @@ class MessageTracker:
             best = Branch.start(len(self.branches), path)
             if self.branches:
                 self.stats["forks"] += 1
+                if any(n.role == "assistant" and not n.generated for n in request.prompt.nodes):
+                    self._history_rewrite()
             self.branches.append(best)
         else:
             best.extend(path[len(best.nodes) :])
@@ -337,6 +351,18 @@ class MessageTracker:
         # keep the prompt as a view of the branch's tokens (a prefix of them: see the module doc)
         prompt = request.prompt
         request.prompt = attrs.evolve(prompt, nodes=[], prompt_ids=PromptView(best.ids, len(prompt.prompt_ids)))
+
+    def _history_rewrite(self) -> None:
+        self.stats["history_rewrites"] += 1
+        if self.tracker_mode == "step" or _REWRITE_WARNED:
+            return
+        _REWRITE_WARNED.append(True)
+        _log.warning(
+            "the agent re-sends earlier turns rewritten (an assistant message the engine did not generate, in a "
+            "request that forks: e.g. smolagents' own text format), so its calls do not chain into one trajectory; "
+            "tracker_mode='step' fits this agent (rollout.proxy.tracker_mode=step: one exact sample per call). "
+            "Counted per episode in MessageTracker.stats['history_rewrites'] (a proxy sample's info['tracker']); "
+            "logged once.")
 
     # -- samples ---------------------------------------------------------------------------------
     def traj_samples(self, keep: Keep = "all") -> list[TrackedSample]:

@@ -285,8 +285,9 @@ def test_check_setting_names_the_problem_and_the_exact_settings(qwen3, tiny_toke
 
 
 def test_check_rollout_reads_the_config_or_the_injected_manager(qwen25, qwen3):
+    from arl.config import ProxyConfig, RolloutConfig
     from arl.engine.scripted import ScriptedEngine
-    from arl.rollout.factory import ProxyConfig, RolloutConfig, check_rollout
+    from arl.rollout.factory import check_rollout
     from arl.rollout.proxy import ProxyEnvManager
     from arl.rollout.step import StepEnvManager
     from arl.rollout.traj import TrajEnvManager

@@ -35,14 +35,14 @@ async def test_create_returns_openai_types_and_passes_fields():
     client = InProcessClient(echo_handler(seen), "env-1")
     out = await client.chat.completions.create(
         model="m", messages=MESSAGES, max_tokens=7, temperature=0.5, top_p=0.9, seed=3,
-        extra_body={"top_k": 5}, frequency_penalty=0.1,
+        extra_body={"top_k": 5}, user="u1",
     )
     assert isinstance(out, ChatCompletion) and out.choices[0].message.content == "hi"
     assert out.usage.total_tokens == 4
     env_id, request = seen[0]
     assert env_id == "env-1" and request.model == "m"
     assert (request.max_tokens, request.temperature, request.top_p, request.top_k, request.seed) == (7, 0.5, 0.9, 5, 3)
-    assert request.extra == {"frequency_penalty": 0.1}
+    assert request.extra == {"user": "u1"} and request.noop == request.unknown == ()
     assert request.messages == tuple(MESSAGES)
 
 
@@ -88,7 +88,10 @@ async def test_handler_errors_become_openai_exceptions(error, cls, status):
         {"messages": [{"role": "tool", "content": "x"}]},  # no tool_call_id
         {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": 1}]}]},
         {"messages": MESSAGES, "n": 2},
-        {"messages": MESSAGES, "stream": True},
+        {"messages": MESSAGES, "stream": "yes"},
+        {"messages": MESSAGES, "frequency_penalty": 0.1},
+        {"messages": MESSAGES, "response_format": {"type": "json_object"}},
+        {"messages": MESSAGES, "tool_choice": "required"},
         {"messages": MESSAGES, "max_tokens": 0},
         {"messages": MESSAGES, "temperature": -1},
         {"messages": MESSAGES, "tools": [{"type": "function"}]},

@@ -157,6 +157,12 @@ def fuzz_server():
 
 def check_response(status: int, raw: bytes, allowed: set[int]):
     assert status in allowed, (status, raw[:200])
+    if status == 200 and raw.startswith(b"data: "):  # a streamed reply: server-sent events
+        events = raw.split(b"\n\n")
+        assert events[-2:] == [b"data: [DONE]", b""], raw[-200:]
+        for event in events[:-2]:
+            assert json.loads(event.removeprefix(b"data: "))["object"] == "chat.completion.chunk"
+        return
     body = json.loads(raw)
     if status != 200:
         assert isinstance(body["error"]["message"], str) and "type" in body["error"]
@@ -182,6 +188,8 @@ request_body = st.fixed_dictionaries(
     optional={
         "model": json_values, "tools": json_values, "max_tokens": json_values, "temperature": json_values,
         "top_p": json_values, "n": json_values, "stop": json_values, "seed": json_values, "stream": json_values,
+        "stream_options": json_values, "tool_choice": json_values, "response_format": json_values,
+        "parallel_tool_calls": json_values, "reasoning_effort": json_values, "logit_bias": json_values,
     },
 )
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

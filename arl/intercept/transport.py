@@ -1,0 +1,87 @@
+"""InProcessTransport: the proxy as an ``httpx`` transport, for any framework, with no socket.
+
+    transport = InProcessTransport(server)                 # routes by bearer token, like the server
+    client = openai.AsyncOpenAI(base_url=BASE_URL, api_key=token,
+                                http_client=transport_client(transport))
+    # or one episode's handler, no token needed:
+    client = openai.AsyncOpenAI(base_url=BASE_URL, api_key="arl",
+                                http_client=transport_client(InProcessTransport.for_handler(handler, env_id)))
+
+The stock ``openai`` client (and every framework that takes one, or an ``http_client``) then
+plays the episode in process: each request its ``httpx`` client sends is answered by calling
+the episode's handler directly, through the same `exchange` the HTTP proxy and pull mode use:
+chat completions, the Responses API, the model list, streaming (the SSE stream arrives whole,
+the reply is generated before the first event anyway), every error as the proxy answers it. So
+an episode's samples are the ones the loopback proxy gives, without sockets, aiohttp or a
+server task. The request still crosses the ``openai`` client's own JSON encoding (what any
+``http_client`` gets); `InProcessClient` skips that too for agents that call
+``client.chat.completions.create`` themselves.
+
+Given a `ProxyServer` (it need not be started: nothing listens), the transport routes by the
+``Authorization: Bearer <token>`` header exactly as the server does (401 / 404 / 410) and counts
+in the server's ``stats``. Given one handler (`for_handler`), every request goes to it.
+
+The transport subclasses the ``httpx`` the installed ``openai`` package uses (recent versions
+use ``httpx2``, a fork); `transport_class` builds it for the other (the client and the
+transport must come from the same module). `transport_client` builds the ``AsyncClient``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from arl.intercept.client import Handler, _httpx
+from arl.intercept.exchange import MAX_BODY, Reply, exchange
+
+BASE_URL = "http://arl.inprocess/v1"  # any host works: nothing is resolved or connected
+
+
+@functools.cache
+def transport_class(httpx: Any) -> type:
+    """`InProcessTransport` for another ``httpx`` module (``httpx`` when openai uses ``httpx2``)."""
+
+    class InProcessTransport(httpx.AsyncBaseTransport):
+        """An ``httpx`` transport answering requests with a `ProxyServer`'s handlers (routed by
+        bearer token) or one handler (`for_handler`), in process (the module doc)."""
+
+        def __init__(self, server: Any = None, *, handler: Handler | None = None, env_id: str = "arl",
+                     model_name: str | None = None) -> None:
+            if (server is None) == (handler is None):
+                raise ValueError("give a ProxyServer or a handler (InProcessTransport.for_handler), not both")
+            self.server, self.handler, self.env_id = server, handler, env_id
+            self.model_name = model_name or getattr(server, "model_name", None) or "arl"
+            self.httpx = httpx
+
+        @classmethod
+        def for_handler(cls, handler: Handler, env_id: str = "arl", *,
+                        model_name: str | None = None) -> InProcessTransport:
+            """Every request goes to ``handler(env_id, request)`` (one episode; no token checked)."""
+            return cls(handler=handler, env_id=env_id, model_name=model_name)
+
+        async def handle_async_request(self, request: Any) -> Any:
+            body = await request.aread()
+            path = request.url.raw_path.decode("ascii", "replace")
+            if self.server is not None:
+                limit = getattr(self.server, "client_max_size", MAX_BODY)
+                reply: Reply = await self.server.dispatch(
+                    request.method, path, request.headers.get("Authorization", ""), body if len(body) <= limit else None)
+            else:
+                reply = await exchange(self.handler, self.env_id, request.method, path, body,
+                                       model_name=self.model_name)
+            kind = "text/event-stream" if reply.events is not None else "application/json"
+            return self.httpx.Response(reply.status, headers={"content-type": kind}, content=reply.body,
+                                       request=request)
+
+    return InProcessTransport
+
+
+InProcessTransport = transport_class(_httpx())
+
+
+def transport_client(transport: Any, **kwargs: Any) -> Any:
+    """An ``AsyncClient`` of the transport's ``httpx`` module around it (for ``http_client=``)."""
+    return transport.httpx.AsyncClient(transport=transport, **kwargs)
+
+
+__all__ = ["BASE_URL", "InProcessTransport", "transport_class", "transport_client"]
