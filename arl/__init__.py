@@ -19,12 +19,12 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "Trainer": "arl.train",
     "make_engine": "arl.engine",
-    "EngineConfig": "arl.engine",
+    "EngineConfig": "arl.config",
     "SamplingParams": "arl.engine",
     "load_config": "arl.config",
     "TrainConfig": "arl.config",
     "ConfigError": "arl.config",
-    "ManagerConfig": "arl.rollout",
+    "ManagerConfig": "arl.config",
     "GroupScheduler": "arl.rollout",
     "TrajEnvManager": "arl.rollout",
     "StepEnvManager": "arl.rollout",
@@ -32,7 +32,7 @@ _LAZY: dict[str, str] = {
     "Sample": "arl.rollout",
     "collate": "arl.rollout",
     "make_manager": "arl.rollout.factory",
-    "ProxyConfig": "arl.rollout.factory",
+    "ProxyConfig": "arl.config",
     "InProcessClient": "arl.intercept",
     "ProxyServer": "arl.intercept",
     "MessageTracker": "arl.intercept",
@@ -61,19 +61,18 @@ if _TYPE_CHECKING:  # static analysers and IDEs see the real objects
     from arl.agents.pull import PullModeRunner
     from arl.agents.runner import AgentRunner, EpisodeResult
     from arl.algo import gigpo, grpo
-    from arl.config import ConfigError, TrainConfig, load_config
-    from arl.engine import EngineConfig, SamplingParams, make_engine
+    from arl.config import ConfigError, EngineConfig, ManagerConfig, ProxyConfig, TrainConfig, load_config
+    from arl.engine import SamplingParams, make_engine
     from arl.intercept import InProcessClient, MessageTracker, ProxyServer
     from arl.rollout import (
         GroupScheduler,
-        ManagerConfig,
         ProxyEnvManager,
         Sample,
         StepEnvManager,
         TrajEnvManager,
         collate,
     )
-    from arl.rollout.factory import ProxyConfig, make_manager
+    from arl.rollout.factory import make_manager
     from arl.train import Trainer
 
 

@@ -118,9 +118,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 async def _eval(args: argparse.Namespace) -> dict:
+    from arl.config import ManagerConfig, RolloutConfig
     from arl.engine import make_engine
-    from arl.rollout import ManagerConfig
-    from arl.rollout.factory import RolloutConfig, close_manager, make_manager, make_scheduler
+    from arl.rollout.factory import close_manager, make_manager, make_scheduler
     from arl.train import evaluation_metrics
 
     config = ManagerConfig(max_tokens=args.max_tokens, temperature=args.temperature, history_len=args.history_len,

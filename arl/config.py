@@ -2,6 +2,12 @@
 
     cfg = load_config("configs/tiny_frozenlake_gigpo.yaml", ["optim.lr=3e-4", "algo.estimator=grpo"])
 
+Every config record of arl is here, and this module imports no other arl module: the records are
+plain data, and the code that builds from them (`arl.engine.make_engine`,
+`arl.rollout.factory.make_manager`, the `Trainer`) imports them, never the other way round, so
+reading a config loads no engine, manager or server. Fields are checked by attrs validators
+(`attrs.validators`), checks across fields by `__attrs_post_init__`.
+
 Unknown keys and invalid values raise `ConfigError` naming the field (as a dotted path) and,
 for choices, the allowed values.
 """
@@ -17,9 +23,6 @@ import cattrs
 import yaml
 from attrs import validators as v
 
-from arl.engine import BACKENDS, EngineConfig
-from arl.rollout.factory import ProxyConfig, RolloutConfig  # noqa: F401 -- re-exported: sections of TrainConfig
-
 
 class ConfigError(ValueError):
     """A config file or override that does not describe a valid experiment."""
@@ -29,29 +32,118 @@ class RunExistsError(FileExistsError):
     """A fresh run was asked to start in a run directory that holds another run."""
 
 
-def _choice(*allowed: str):
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value not in allowed:
-            raise ValueError(f"{attribute.name}={value!r} is not one of {', '.join(map(repr, allowed))}")
+# -- engine -------------------------------------------------------------------------------------
 
-    return check
+BACKENDS = ("vllm", "vllm-async", "hf", "scripted")
+
+
+@attrs.define
+class EngineConfig:
+    """How to build an engine (`arl.engine.make_engine`). `model` is a zoo name, a local directory
+    or a hub id."""
+
+    backend: str = attrs.field(default="vllm", validator=v.in_(BACKENDS))
+    model: str = "tiny"
+    max_model_len: int = 2048
+    seed: int = 0
+    dtype: str = "float32"  # "bfloat16" on a GPU, beside a bf16 policy (optim.precision: bf16)
+    kv_cache_memory_bytes: int | None = 256 * 2**20
+    max_num_seqs: int = 256
+    gpu_memory_utilization: float | None = None
+    max_batch_size: int = 32  # hf backend: requests per batched generate()
+    scripted: dict[str, Any] = attrs.Factory(dict)  # scripted backend options
+    extra: dict[str, Any] = attrs.Factory(dict)  # passed through to vLLM's EngineArgs
+    # vLLM on CUDA only: start with vLLM's sleep mode, so `sleep()` frees the engine's GPU memory
+    # (KV cache dropped, weights offloaded to host memory) until `wake()`; the trainer then sleeps the
+    # engine through every policy update, which gets that memory. It costs a weight round trip per step.
+    sleep_mode: bool = attrs.field(default=False, validator=v.instance_of(bool))
+
+    def __attrs_post_init__(self) -> None:
+        if self.sleep_mode and not self.backend.startswith("vllm"):
+            raise ValueError(f"engine.sleep_mode needs a vLLM backend (vllm, vllm-async), not {self.backend!r}")
+
+
+# -- rollout ------------------------------------------------------------------------------------
+
+
+@attrs.define
+class ManagerConfig:
+    """How a manager plays episodes (sampling, limits, prompt shape)."""
+
+    max_turns: int | None = None  # None: the env's own step limit
+    max_tokens: int = 64  # per model call
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_model_len: int | None = None  # None: engine.max_model_len
+    format_penalty: float | None = None  # None: the game's default
+    history_len: int = 2  # step mode: last h steps shown
+    episode_timeout_s: float | None = None
+    sampling_seed: int | None = 0  # None: engine RNG; else per-request seeds from request_seed()
+    env_kwargs: dict[str, Any] = attrs.Factory(dict)
+    # "full": the anchors' prompts (docs/reference.md §1.4); "compact": grid + turns left only, for models
+    # that cannot read the instructions anyway (see arl.envs.prompts.compact_messages).
+    prompt_style: str = attrs.field(default="full", validator=v.in_(("full", "compact")))
+    # compact style: a system turn with this text first (None: no system turn, so the chat
+    # template's default applies, if it has one; "" an empty one). The full style always sends
+    # the anchors' system prompt (docs/reference.md §1.4).
+    system_prompt: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.system_prompt is not None and self.prompt_style != "compact":
+            raise ValueError("system_prompt applies to prompt_style 'compact' only (the full style sends its own)")
+
+
+@attrs.define
+class ProxyConfig:
+    """How ``mode: proxy`` runs agent code (the runners: `arl.rollout.factory`'s docstring)."""
+
+    runner: str = "gym"  # gym | tool | push | pull | "package.module:factory"
+    transport: str = attrs.field(default="inprocess", validator=v.in_(("inprocess", "http")))
+    tracker_mode: str = attrs.field(default="step", validator=v.in_(("traj", "step")))
+    keep_branches: str = attrs.field(default="all", validator=v.in_(("all", "longest")))
+    runner_kwargs: dict[str, Any] = attrs.Factory(dict)  # passed to the runner factory
+
+
+MODES = ("traj", "step", "proxy")  # rollout.mode
+
+
+@attrs.define
+class RolloutConfig:
+    env_id: str = "arl/FrozenLake-v0"
+    mode: str = attrs.field(default="step", validator=v.in_(MODES))
+    num_groups: int = attrs.field(default=8, validator=v.ge(1))
+    group_size: int = attrs.field(default=8, validator=v.ge(1))
+    max_concurrency: int = attrs.field(default=64, validator=v.ge(1))
+    mask_abnormal: bool = True  # drop abnormally ended episodes from the loss
+    # 0: synchronous (rollout, then update: exact). 1: overlapped, one step off-policy: the next
+    # step's rollout runs during this step's update (see Trainer.step).
+    max_staleness: int = attrs.field(default=0, validator=v.in_((0, 1)))
+    # Over-provisioning: play num_groups + spare_groups groups per step and keep the first
+    # num_groups that finish (GroupScheduler's docstring: what it buys and the bias it costs).
+    spare_groups: int = attrs.field(default=0, validator=v.ge(0))
+    manager: ManagerConfig = attrs.Factory(ManagerConfig)
+    proxy: ProxyConfig = attrs.Factory(ProxyConfig)
+
+
+# -- training -----------------------------------------------------------------------------------
 
 
 @attrs.define
 class AlgoConfig:
-    estimator: str = attrs.field(default="gigpo", validator=_choice("grpo", "gigpo", "reinforce"))
+    estimator: str = attrs.field(default="gigpo", validator=v.in_(("grpo", "gigpo", "reinforce")))
     gamma: float = 0.95
     step_weight: float = 1.0
-    gigpo_mode: str = attrs.field(default="mean_norm", validator=_choice("mean_norm", "mean_std_norm"))
+    gigpo_mode: str = attrs.field(default="mean_norm", validator=v.in_(("mean_norm", "mean_std_norm")))
     invalid_penalty: float = 0.0
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     dual_clip: float | None = None
-    agg: str = attrs.field(default="token-mean", validator=_choice("token-mean", "seq-mean-token-mean"))
+    agg: str = attrs.field(default="token-mean", validator=v.in_(("token-mean", "seq-mean-token-mean")))
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     is_cap: float | None = 3.0  # truncated importance sampling between trainer and engine log-probs
-    is_level: str = attrs.field(default="token", validator=_choice("token", "sequence"))
+    is_level: str = attrs.field(default="token", validator=v.in_(("token", "sequence")))
 
 
 PRECISIONS = ("fp32", "bf16")  # optim.precision
@@ -64,7 +156,7 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float | None = 1.0
     warmup_steps: int = 0
-    schedule: str = attrs.field(default="constant", validator=_choice("constant", "cosine", "linear"))
+    schedule: str = attrs.field(default="constant", validator=v.in_(("constant", "cosine", "linear")))
     micro_batch_size: int = attrs.field(default=32, validator=v.ge(1))
     mini_batches: int = attrs.field(default=1, validator=v.ge(1))  # optimizer steps per rollout
     epochs: int = attrs.field(default=1, validator=v.ge(1))
@@ -76,7 +168,7 @@ class OptimConfig:
     # moments) in fp32; full fine-tuning keeps fp32 weights as the master copy and runs the
     # forward/backward under bf16 autocast. Log-probs are fp32 from the logits, checkpoints fp32. On a
     # GPU pair it with a bf16 engine (engine.dtype: bfloat16); "fp32" (CPU, exactness tests) with fp32.
-    precision: str = attrs.field(default="fp32", validator=_choice(*PRECISIONS))
+    precision: str = attrs.field(default="fp32", validator=v.in_(PRECISIONS))
 
 
 @attrs.define
@@ -98,7 +190,7 @@ class SFTConfig:
     # Who plays the warm-start episodes: "answers" (random valid `<answer>X</answer>` replies),
     # "tool_calls" (random valid `move` tool calls, for function-calling agents), or "auto"
     # (tool_calls when rollout.proxy.runner is "tool", else answers).
-    teacher: str = attrs.field(default="auto", validator=_choice("auto", "answers", "tool_calls"))
+    teacher: str = attrs.field(default="auto", validator=v.in_(("auto", "answers", "tool_calls")))
 
 
 @attrs.define

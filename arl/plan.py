@@ -265,7 +265,7 @@ def standard_settings(
     lora_ranks: Sequence[int] = (16, 64), *, gradient_checkpointing: bool = True, micro_batch: int = 1,
     seq_len: int = 4096, response_len: int | None = None, kl_reference: bool = False,
 ) -> list[TrainSetting]:
-    """The README table's rows: full fp32, full bf16 + fp32 master, LoRA rank r in bf16 (each r)."""
+    """The rows of docs/memory.md's table: full fp32, full bf16 + fp32 master, LoRA rank r in bf16 (each r)."""
     common = dict(gradient_checkpointing=gradient_checkpointing, micro_batch=micro_batch, seq_len=seq_len,
                   response_len=response_len, kl_reference=kl_reference)
     return [

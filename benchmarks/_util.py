@@ -23,7 +23,8 @@ MANAGER_MODES: dict[str, tuple[str, str]] = {"traj": ("traj", "inprocess"), "ste
 def manager_for(name: str, engine: Any, config: Any) -> Any:
     """The env manager the benchmarks call ``name`` (`MANAGER_MODES`) on ``engine`` with ``config``
     (a `ManagerConfig`), from arl's rollout factory; over HTTP it holds a server: `close_manager` it."""
-    from arl.rollout.factory import ProxyConfig, RolloutConfig, make_manager  # on use: _util stays light
+    from arl.config import ProxyConfig, RolloutConfig
+    from arl.rollout.factory import make_manager  # on use: _util stays light
 
     mode, transport = MANAGER_MODES[name]
     proxy = ProxyConfig(transport=transport, tracker_mode="traj")

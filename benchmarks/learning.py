@@ -73,7 +73,7 @@ QUICK_OVERRIDES = ["rollout.num_groups=2", "rollout.group_size=2", "eval.num_see
 GOAL_RATIO = 0.7
 TOL = 1e-9  # success rates are averages of 0/1 outcomes: compare with a tolerance
 
-# REFERENCE.md section 6. "budget" is the training budget where the reference gives it.
+# docs/reference.md §6. "budget" is the training budget where the reference gives it.
 ANCHORS = [
     {"source": "ROLL tech report", "model": "Qwen2.5-0.5B-Instruct", "size": "0.5B",
      "task": "SimpleSokoban 6x6 val success", "result": "13.3% -> 35.2% (valid actions 43.6% -> 73.4%)",

@@ -54,8 +54,9 @@ from _util import MANAGER_MODES, cell, manager_for, quiet_logs, result_path, sum
 
 quiet_logs()
 
+from arl.config import ManagerConfig  # noqa: E402
 from arl.engine import SamplingParams, make_engine  # noqa: E402
-from arl.rollout import GroupScheduler, ManagerConfig  # noqa: E402
+from arl.rollout import GroupScheduler  # noqa: E402
 from arl.rollout.factory import close_manager  # noqa: E402
 
 ENV_ID = "arl/Sokoban-v0"

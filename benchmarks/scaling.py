@@ -66,9 +66,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import cell, result_path, summary, table, write_result  # noqa: E402
 from overhead import MANAGERS, _entered, _rotated  # noqa: E402
 
+from arl.config import ManagerConfig  # noqa: E402
 from arl.engine import make_engine  # noqa: E402
 from arl.envs import ENV_SPECS, SokobanEnv  # noqa: E402
-from arl.rollout import GroupScheduler, ManagerConfig  # noqa: E402
+from arl.rollout import GroupScheduler  # noqa: E402
 
 ENV_ID = "bench/SokobanEndless-v0"
 BASE_ENV = "arl/Sokoban-v0"

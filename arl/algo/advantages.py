@@ -5,7 +5,7 @@ row) and returns a float64 numpy array with one advantage per row; the trainer b
 row's scalar to that row's response tokens. Nothing here knows about tokens, models or arl's
 records, so each estimator can be checked by hand (tests/algo) and read next to its paper.
 
-Conventions shared by all estimators (REFERENCE.md §3):
+Conventions shared by all estimators (docs/reference.md §3.1):
 - Group statistics use the unbiased std (ddof=1).
 - A singleton group has no baseline to compare against: its advantage is 0 (ROLL's choice;
   verl-agent instead passes the raw score through with mean 0 / std 1: `gigpo(singleton="raw")`).
@@ -74,7 +74,7 @@ def grpo(
 
     A_i = 0 for a singleton group and for a constant group (std_g <= 1e-6).
 
-    Options, off by default (REFERENCE §3):
+    Options, off by default (docs/reference.md §3.1):
       whiten: after the group step, A <- (A - mean(A)) / (std(A) + eps) over the whole batch, one
         value per sample (a sample-level whitening: long samples do not weigh more);
         a batch with std(A) <= 1e-6 gives all zeros.

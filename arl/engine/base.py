@@ -1,4 +1,4 @@
-"""The engine contract every backend implements (DESIGN.md §4).
+"""The engine contract every backend implements (docs/architecture.md §5).
 
 Token-in / token-out: `generate()` takes prompt token ids and returns the generated token ids
 with one log-prob per token (after temperature, i.e. the distribution actually sampled from).
@@ -149,8 +149,8 @@ class Engine(Protocol):
 class BaseEngine(abc.ABC):
     """Shared plumbing: prompt validation, closed state, policy version, `async with`.
 
-    Backends implement `_generate_one(prompt_ids, params) -> Generation` (or override
-    `_generate_n`) and `_update_weights(named_tensors)`, `_close()`; those with a LoRA path
+    Backends implement `_generate_n(prompt, params) -> list[Generation]` (``params.n`` completions
+    of an already validated prompt) and `_update_weights(named_tensors)`, `_close()`; those with a LoRA path
     override `_update_adapter(adapter)` (the default loads the adapter's merged weights).
     """
 

@@ -21,7 +21,7 @@ import numpy as np
 from arl.engine.base import BaseEngine, EngineError, FinishReason, Generation, LoRAAdapter, SamplingParams
 
 if TYPE_CHECKING:
-    from arl.engine import EngineConfig
+    from arl.config import EngineConfig
 
 Mode = Literal["random_actions", "responses"]
 

@@ -28,7 +28,7 @@ Shape and why:
 - Sleep mode (``sleep_mode=True``, CUDA only): `sleep()` holds new requests on the engine loop,
   waits for the running ones, then calls `AsyncLLM.sleep(level=1)` (KV cache dropped, weights to
   host memory); `wake()` undoes it and releases the held requests. Off by default: for small
-  models sleeping costs more than it saves (REFERENCE.md §5).
+  models sleeping costs more than it saves (docs/reference.md §5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Episodes -> training samples (DESIGN.md §2-§3).
+"""Episodes -> training samples (docs/architecture.md §3).
 
 `EnvManager` subclasses play episodes against an engine (`TrajEnvManager`: one sample per
 episode; `StepEnvManager`: one per turn, with GiGPO state hashes); `GroupScheduler` hands out
@@ -14,7 +14,6 @@ from arl.rollout.base import (
     Episode,
     EpisodeSpec,
     InternalError,
-    ManagerConfig,
     bridge_ids,
     chat_ids,
     end_of_turn_ids,
@@ -39,7 +38,6 @@ __all__ = [
     "GroupScheduler",
     "InternalError",
     "ProxyEnvManager",
-    "ManagerConfig",
     "PromptView",
     "RolloutBatch",
     "Sample",

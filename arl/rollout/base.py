@@ -1,9 +1,10 @@
-"""What every env manager shares: the episode spec, the config, and the fault boundary.
+"""What every env manager shares: the episode spec and the fault boundary (its config, a
+`ManagerConfig`, is in `arl.config`).
 
 An env manager turns one `EpisodeSpec` into an `Episode` (a Trajectory plus its training
 Samples). Subclasses implement `_play(spec, traj)`; `run_episode()` wraps it so that an episode
 never raises: env crashes, engine errors, rejected prompts, timeouts and bugs all end the
-episode with a typed `status` / `exit_reason` on its trajectory (DESIGN.md §2, "faults are
+episode with a typed `status` / `exit_reason` on its trajectory (docs/architecture.md §4, "faults are
 data"), and the formatted traceback on `traj.traceback`. Only cancellation of the caller
 propagates. Traj and step managers run no agent code, so an exception that is none of the typed
 ones above is arl's own bug: "internal_error" (`InternalError` for arl's invariant checks).
@@ -25,6 +26,7 @@ from typing import Any
 import anyio
 import attrs
 
+from arl.config import ManagerConfig
 from arl.engine.base import (
     EngineError,
     Generation,
@@ -42,7 +44,6 @@ __all__ = [
     "Episode",
     "EpisodeSpec",
     "InternalError",
-    "ManagerConfig",
     "bridge_ids",
     "chat_ids",
     "end_of_turn_ids",
@@ -64,34 +65,6 @@ class EpisodeSpec:
     @property
     def traj_id(self) -> str:
         return f"{self.group_id}/{self.episode_id}"
-
-
-@attrs.define
-class ManagerConfig:
-    """How a manager plays episodes (sampling, limits, prompt shape)."""
-
-    max_turns: int | None = None  # None: the env's own step limit
-    max_tokens: int = 64  # per model call
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_model_len: int | None = None  # None: engine.max_model_len
-    format_penalty: float | None = None  # None: the game's default
-    history_len: int = 2  # step mode: last h steps shown
-    episode_timeout_s: float | None = None
-    sampling_seed: int | None = 0  # None: engine RNG; else per-request seeds from request_seed()
-    env_kwargs: dict[str, Any] = attrs.Factory(dict)
-    # "full": the anchors' prompts (REFERENCE.md §1); "compact": grid + turns left only, for models
-    # that cannot read the instructions anyway (see arl.envs.prompts.compact_messages).
-    prompt_style: str = attrs.field(default="full", validator=attrs.validators.in_(("full", "compact")))
-    # compact style: a system turn with this text first (None: no system turn, so the chat
-    # template's default applies, if it has one; "" an empty one). The full style always sends
-    # REFERENCE.md's system prompt.
-    system_prompt: str | None = None
-
-    def __attrs_post_init__(self) -> None:
-        if self.system_prompt is not None and self.prompt_style != "compact":
-            raise ValueError("system_prompt applies to prompt_style 'compact' only (the full style sends its own)")
 
 
 @attrs.define
@@ -128,7 +101,7 @@ def request_seed(config: ManagerConfig, spec: EpisodeSpec, turn: int) -> int | N
 
 
 def state_hash(observation: str) -> str:
-    """GiGPO anchor-state key: sha256 hex[:16] of the RAW observation text (REFERENCE.md §2)."""
+    """GiGPO anchor-state key: sha256 hex[:16] of the RAW observation text (docs/reference.md §2)."""
     return hashlib.sha256(observation.encode("utf-8")).hexdigest()[:16]
 
 

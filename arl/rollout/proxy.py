@@ -20,7 +20,8 @@ back to the hash of the call's latest user/tool message (documented in `_turn`).
 How an episode ends (the manager knows better than the agent what went wrong server-side):
 a fault the handler saw (prompt too long -> "max_length"; engine error -> "engine_error";
 rejected prompt -> "invalid_prompt") wins; else the runner's status / exit reason; a runner that
-raises -> "agent_error"; past ``config.episode_timeout_s`` -> "timeout" (the runner's task is
+raises, or reports a result that cannot be trained on (`EpisodeResult.problem`: a score that is
+NaN, infinite or past `MAX_ABS_SCORE`, too many steps) -> "agent_error" with score 0; past ``config.episode_timeout_s`` -> "timeout" (the runner's task is
 cancelled: `PushModeRunner` kills its process). Once the episode ended, its requests get 410.
 """
 
@@ -38,11 +39,12 @@ import attrs
 
 from arl.agents.gym_runner import STATE_KEY, GymRunner
 from arl.agents.runner import AgentRunner, EpisodeResult
+from arl.config import ManagerConfig
 from arl.intercept.client import InProcessClient
 from arl.intercept.handler import ChatHandler, SamplingDefaults
 from arl.intercept.server import ProxyServer
 from arl.intercept.tracker import Keep, MessageTracker, Request, TrackedSample
-from arl.rollout.base import EnvManager, Episode, EpisodeSpec, ManagerConfig, request_seed, state_hash
+from arl.rollout.base import EnvManager, Episode, EpisodeSpec, request_seed, state_hash
 from arl.rollout.records import EXIT_REASONS, Sample, Trajectory, Turn
 from arl.rollout.runners import RunnerFactory, gym_runner
 
@@ -72,6 +74,12 @@ class _Episode:
     @property
     def tracker(self) -> MessageTracker:
         return self.handler.tracker
+
+
+def _result_problem(result: Any) -> str | None:
+    if not isinstance(result, EpisodeResult):
+        return f"run_job must return an EpisodeResult, got {type(result).__name__}"
+    return result.problem()
 
 
 # The episode of the current task, so `_samples_after_error` finds it after a timeout.
@@ -219,6 +227,11 @@ class ProxyEnvManager(EnvManager):
             self._active.discard(env_id)
             if token is not None and self.server is not None:
                 self.server.close_episode(token)  # its later requests get 410
+        if state.result is not None and (problem := _result_problem(state.result)) is not None:
+            # agent-reported numbers are data, checked here for every runner: a NaN score would
+            # raise in the advantage computation and end the whole training step, not this episode
+            state.result = EpisodeResult(status="Failed", exit_reason="agent_error",
+                                         error=f"the runner reported an invalid result: {problem}")
         if state.result is not None:
             self._apply_result(traj, state.result)
         if handler.fault is not None:

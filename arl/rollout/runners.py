@@ -14,13 +14,11 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from arl.agents.runner import AgentRunner
-from arl.rollout.base import EpisodeSpec, ManagerConfig
-
-if TYPE_CHECKING:
-    from arl.rollout.factory import ProxyConfig
+from arl.config import ManagerConfig, ProxyConfig
+from arl.rollout.base import EpisodeSpec
 
 RunnerFactory = Callable[[Any, EpisodeSpec], AgentRunner]
 
@@ -70,8 +68,31 @@ def pull_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, comman
     from arl.agents.pull import PullModeRunner
     from arl.intercept.exchange import responder
 
+    check_pull_env(spec.env_id, config.env_kwargs)
     command, env_extra = _agent_process(command, spec, config, kwargs.pop("env_extra", None))
     return PullModeRunner(responder(client), command, timeout_s=timeout_s, env_extra=env_extra, **kwargs)
+
+
+def check_pull_env(env_id: str, env_kwargs: Any = None) -> None:
+    """Refuse (ValueError) an env whose reward pull mode cannot keep from the model: arl/BugFix-v0
+    and its subclasses (`arl.envs.bugfix.env.PULL_MODE_REFUSAL` says why), unless its
+    ``env_kwargs`` say ``allow_unhidden_tests: true`` (mechanics tests only). Called when the
+    manager is built and for every pull-mode episode, before any agent starts."""
+    import gymnasium as gym
+
+    from arl.envs.bugfix.env import PULL_MODE_REFUSAL, BugFixEnv
+
+    if dict(env_kwargs or {}).get("allow_unhidden_tests"):
+        return
+    try:
+        entry = gym.spec(env_id).entry_point
+        if isinstance(entry, str):
+            module, _, name = entry.partition(":")
+            entry = getattr(importlib.import_module(module), name, None)
+    except Exception:  # noqa: BLE001 -- an id gymnasium cannot resolve is the agent's own business
+        return
+    if isinstance(entry, type) and issubclass(entry, BugFixEnv):
+        raise ValueError(f"rollout.proxy.runner=pull with env {env_id!r}: {PULL_MODE_REFUSAL}")
 
 
 def _agent_process(command: list[str], spec: EpisodeSpec, config: ManagerConfig,
@@ -149,5 +170,5 @@ def _call_runner(make: Callable[..., AgentRunner], config: ManagerConfig, kwargs
     return make(client, spec, config, **kwargs)
 
 
-__all__ = ["RUNNERS", "RunnerFactory", "bind_runner", "gym_runner", "pull_runner", "push_runner", "resolve_runner",
+__all__ = ["RUNNERS", "RunnerFactory", "bind_runner", "check_pull_env", "gym_runner", "pull_runner", "push_runner", "resolve_runner",
            "runner_factory", "tool_runner"]

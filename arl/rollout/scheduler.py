@@ -1,6 +1,6 @@
 """GroupScheduler: G groups x N members per training step, run concurrently, returned grouped.
 
-Seeds (REFERENCE.md §2): group g of training step s plays env seed
+Seeds (docs/reference.md §2): group g of training step s plays env seed
 `base_seed + s * num_groups + g`, so every step sees new levels and all N members of a group
 play the same level (GRPO compares them). Group ids are "{tag}_{g}_{seed}", unique across steps
 because the seed is. Validation uses a fixed panel in a separate seed range (`VAL_BASE_SEED`),
@@ -22,6 +22,7 @@ what was dropped. Seeds stay disjoint across steps (the stride is G + k).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 import anyio
@@ -42,6 +43,35 @@ class RolloutBatch:
     groups: dict[str, list[Episode]]
     samples: list[Sample]
     metrics: dict[str, float]
+
+
+class BatchFailedError(RuntimeError):
+    """Every episode of a batch failed and none left a token to train on: a broken set-up (a runner
+    factory with the wrong signature, an engine that refuses every request), not bad luck.
+    ``episodes`` holds them, tracebacks included."""
+
+    def __init__(self, message: str, episodes: list[Episode]) -> None:
+        super().__init__(message)
+        self.episodes = episodes
+
+
+def check_batch(batch: RolloutBatch, what: str) -> None:
+    """Raise `BatchFailedError` when no episode of ``batch`` finished and no sample has a response
+    token, with the counts per status and exit reason and the first episode's error; ``what``
+    names the batch ("training step 3"). Any other batch passes, empty ones included."""
+    trajectories = [e.trajectory for e in batch.episodes]
+    if (not trajectories or any(t.status == "Finished" for t in trajectories)
+            or any(s.num_response_tokens for s in batch.samples)):
+        return
+    counts = "; ".join(
+        f"{field} " + ", ".join(f"{key} {n}" for key, n in sorted(Counter(getattr(t, field) for t in trajectories).items()))
+        for field in ("status", "exit_reason"))
+    first = trajectories[0]
+    raise BatchFailedError(
+        f"every episode of {what} failed ({len(trajectories)} of {len(trajectories)}: {counts}), so there is "
+        f"nothing to train on; the first one ({first.traj_id}): {first.error or 'no error text'}",
+        batch.episodes,
+    )
 
 
 class GroupScheduler:

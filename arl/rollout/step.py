@@ -5,7 +5,7 @@ The prompt of step t is `step_messages(...)`: instructions, the last `history_le
 sample is prompt + response with the loss mask on the response; its score is the step reward,
 and every sample of an episode gets the final episode score once the episode ends. `state_hash`
 hashes the RAW observation the action was taken in (not the prompt, not the history), so GiGPO
-can group equal states across the members of a group (REFERENCE.md §2-§3).
+can group equal states across the members of a group (docs/reference.md §2, §3.2).
 
 Exit reasons as in TrajEnvManager; "max_length" here means a single step prompt (which grows
 only with the history window) no longer fits.

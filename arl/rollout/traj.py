@@ -5,7 +5,7 @@ the EXACT token stream so far (previous prompt + the engine's generated tokens, 
 template's end-of-turn if the engine was cut at max_tokens) plus the bridge tokens of the next
 user message (`bridge_ids`). The model's output is never decoded and re-encoded for training, so
 the sample's input_ids equal what the chat template renders for the whole conversation
-(REFERENCE.md §2), and the loss mask covers exactly the tokens the engine sampled.
+(docs/reference.md §2), and the loss mask covers exactly the tokens the engine sampled.
 
 Exit reasons: "terminated" (the game ended), "truncated" (the step limit: the env's TimeLimit or
 config.max_turns), "max_length" (the next prompt plus max_tokens would not fit the context).

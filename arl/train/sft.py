@@ -29,6 +29,7 @@ from arl.envs.text import game_action_names
 from arl.envs.tools import TOOL_NAME
 from arl.rollout import GroupScheduler, collate
 from arl.rollout.factory import close_manager
+from arl.rollout.scheduler import check_batch
 from arl.train.precision import forward_precision
 from arl.train.update import response_logits, rows_of
 
@@ -77,6 +78,7 @@ async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = No
     try:
         for step in range(c.sft.steps):
             batch = await groups.run(manager, groups.specs(step))
+            check_batch(batch, f"format warm-start step {step}")
             samples = [s for s in batch.samples if s.num_response_tokens > 0]
             losses.append(await asyncio.to_thread(_sft_update, trainer.model, optimizer, samples, trainer, c))
     finally:

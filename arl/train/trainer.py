@@ -1,4 +1,4 @@
-"""The synchronous trainer: rollout -> advantages -> update -> weight push -> eval (DESIGN.md §2).
+"""The synchronous trainer: rollout -> advantages -> update -> weight push -> eval (docs/architecture.md §3).
 
     trainer = Trainer(load_config("configs/tiny_frozenlake_gigpo.yaml"))
     await trainer.train()          # or: await trainer.step() / await trainer.evaluate()
@@ -38,8 +38,9 @@ from arl.algo import gigpo, grpo, reinforce
 from arl.config import RunExistsError, TrainConfig, unstructure
 from arl.engine import make_engine
 from arl.models import resolve_model
-from arl.rollout import ManagerConfig, Sample, collate
+from arl.rollout import Sample, collate
 from arl.rollout.factory import check_rollout, close_manager, make_manager, make_scheduler
+from arl.rollout.scheduler import check_batch
 from arl.train import lora
 from arl.train.canary import SyncCanary, WeightSyncError
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -189,6 +190,7 @@ class Trainer:
         pending, self._prefetch = self._prefetch, None
         batch = await (pending if pending is not None else self._rollout(self.step_count))
         t_rollout = time.perf_counter()
+        check_batch(batch, f"training step {self.step_count}")  # a broken set-up stops here, not in silence
         if c.rollout.max_staleness > 0 and self.step_count + 1 < c.steps:
             self._prefetch = asyncio.ensure_future(self._rollout(self.step_count + 1))
         samples = [s for s in batch.samples if s.num_response_tokens > 0]
@@ -266,7 +268,7 @@ class Trainer:
                 await task
 
     def advantages(self, samples: list[Sample]) -> tuple[np.ndarray, dict[str, float]]:
-        """One scalar per sample from the configured estimator (REFERENCE.md §3)."""
+        """One scalar per sample from the configured estimator (docs/reference.md §3)."""
         a = self.config.algo
         if not samples:
             return np.zeros(0), {}
@@ -401,4 +403,4 @@ def evaluation_metrics(rollout_metrics: dict[str, float]) -> dict[str, float]:
     return {f"eval/{k}": rollout_metrics[f"rollout/{k}"] for k in keep if f"rollout/{k}" in rollout_metrics}
 
 
-__all__ = ["ManagerConfig", "RunExistsError", "Trainer", "WeightSyncError", "evaluation_metrics"]
+__all__ = ["RunExistsError", "Trainer", "WeightSyncError", "evaluation_metrics"]

@@ -391,7 +391,7 @@ def test_grpo_properties(scores, data, std_normalize):
 
 
 def test_algo_imports_nothing_of_arl_but_itself():
-    """DESIGN §1: algo imports nothing but torch/numpy (static check; `import arl` loads envs)."""
+    """docs/architecture.md §2: algo imports nothing but torch/numpy (static check; `import arl` loads envs)."""
     import ast
     import pathlib
 

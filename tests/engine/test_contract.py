@@ -1,4 +1,4 @@
-"""One contract, four backends: every engine must behave the same on these checks (DESIGN.md §4)."""
+"""One contract, four backends: every engine must behave the same on these checks (docs/architecture.md §5)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ import threading
 import pytest
 import torch
 
-from arl.engine import EngineClosedError, EngineConfig, EngineError, SamplingParams, make_engine
+from arl.config import EngineConfig
+from arl.engine import EngineClosedError, EngineError, SamplingParams, make_engine
 from arl.engine.hf import HFEngine, _top_k_top_p
 from arl.engine.scripted import INVALID_ANSWERS, ScriptedEngine
 from arl.models import resolve_model

@@ -16,8 +16,8 @@ import contextlib
 import pytest
 import torch
 
-from arl.config import ConfigError, load_config
-from arl.engine import EngineConfig, EngineError, EngineUnsupportedError, SamplingParams, make_engine
+from arl.config import ConfigError, EngineConfig, load_config
+from arl.engine import EngineError, EngineUnsupportedError, SamplingParams, make_engine
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 

@@ -1,4 +1,4 @@
-"""The in-process vLLM facade never blocks the event loop on the driver thread (DESIGN.md §4).
+"""The in-process vLLM facade never blocks the event loop on the driver thread (docs/architecture.md §5).
 
 `generate()` queues its request (and a cancelled caller its abort) for the driver, which drains
 the queue between `step()` calls. Two kinds of checks:

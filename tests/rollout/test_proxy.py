@@ -9,11 +9,12 @@ import anyio
 import pytest
 
 from arl.agents import ToolCallRunner
+from arl.config import ManagerConfig
 from arl.engine.scripted import ScriptedEngine
 from arl.envs.prompts import traj_messages_start, traj_user_message
 from arl.envs.text import TextEnv
 from arl.intercept import ProxyServer
-from arl.rollout import EpisodeSpec, GroupScheduler, ManagerConfig, TrajEnvManager, chat_ids, collate
+from arl.rollout import EpisodeSpec, GroupScheduler, TrajEnvManager, chat_ids, collate
 from arl.rollout.base import end_of_turn_ids
 from arl.rollout.proxy import ProxyEnvManager, gym_runner_factory
 
@@ -306,8 +307,9 @@ async def test_runner_without_states_falls_back_to_the_message_hash(scripted):
 async def test_proxy_step_equals_the_step_manager(scripted):
     """GymRunner with step conversations through the step tracker is StepEnvManager, token for
     token: same samples, scores and anchor keys (so GiGPO's anchor groups agree too)."""
+    from arl.config import RolloutConfig
     from arl.rollout import StepEnvManager
-    from arl.rollout.factory import RolloutConfig, make_manager
+    from arl.rollout.factory import make_manager
 
     for style, history in [("compact", 0), ("full", 2)]:
         config = ManagerConfig(max_tokens=24, prompt_style=style, history_len=history)

@@ -7,8 +7,9 @@ import anyio
 import pytest
 
 from arl.agents import AgentRunner, EpisodeResult, GymRunner
+from arl.config import ManagerConfig
 from arl.intercept import ProxyServer
-from arl.rollout import EpisodeSpec, ManagerConfig, TrajEnvManager, request_seed
+from arl.rollout import EpisodeSpec, TrajEnvManager, request_seed
 from arl.rollout.proxy import ProxyEnvManager
 
 pytestmark = pytest.mark.anyio

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from arl.config import ManagerConfig
 from arl.engine.base import InvalidPromptError, PromptTooLongError
 from arl.rollout import (
     VAL_BASE_SEED,
     EpisodeSpec,
     GroupScheduler,
     InternalError,
-    ManagerConfig,
     StepEnvManager,
     TrajEnvManager,
     collate,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from arl.config import ManagerConfig
 from arl.envs.prompts import compact_messages, step_messages
 from arl.envs.text import TextEnv
-from arl.rollout import EpisodeSpec, ManagerConfig, StepEnvManager, chat_ids, state_hash
+from arl.rollout import EpisodeSpec, StepEnvManager, chat_ids, state_hash
 
 pytestmark = pytest.mark.anyio
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from arl.config import ManagerConfig
 from arl.envs.prompts import traj_messages_start, traj_user_message
-from arl.rollout import EpisodeSpec, ManagerConfig, TrajEnvManager, chat_ids
+from arl.rollout import EpisodeSpec, TrajEnvManager, chat_ids
 from arl.rollout.base import end_of_turn_ids
 
 pytestmark = pytest.mark.anyio

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from arl.rollout import GroupScheduler, ManagerConfig, StepEnvManager, TrajEnvManager, collate
+from arl.config import ManagerConfig
+from arl.rollout import GroupScheduler, StepEnvManager, TrajEnvManager, collate
 
 pytestmark = [pytest.mark.anyio, pytest.mark.vllm]
 

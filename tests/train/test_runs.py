@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 from trainer_support import params_of, scripted, small_config
 
-from arl.config import RunExistsError, TrainConfig
-from arl.engine import EngineConfig, make_engine
-from arl.rollout import ManagerConfig, ProxyEnvManager
+from arl.config import EngineConfig, ManagerConfig, RunExistsError, TrainConfig
+from arl.engine import make_engine
+from arl.rollout import ProxyEnvManager
 from arl.rollout.proxy import gym_runner_factory
 from arl.train import Trainer
 

@@ -52,10 +52,11 @@ from typing import Any
 import attrs
 import cattrs
 
+from arl.config import RolloutConfig
 from arl.integrations.verl.engine import ServerEngine
 from arl.intercept.template import chat_ids
 from arl.rollout.base import Episode, EpisodeSpec, state_hash
-from arl.rollout.factory import RolloutConfig, close_manager, make_manager
+from arl.rollout.factory import close_manager, make_manager
 from arl.rollout.records import Turn
 
 try:  # verl is an optional extra: arl[verl]

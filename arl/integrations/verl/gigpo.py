@@ -23,7 +23,7 @@ action costs 0.1 (``invalid_action_penalty_coef``). arl's own trainer defaults d
 (``episode_stats="episodes"``, ``singleton="zero"``, no penalty); ``+algorithm.arl_gigpo.<name>=``
 overrides any of them. Nothing here measured one against the other.
 
-GRPO needs no trainer change: `arl_grpo` (arl's conventions, REFERENCE.md §3: unbiased std,
+GRPO needs no trainer change: `arl_grpo` (arl's conventions, docs/reference.md §3.1: unbiased std,
 singleton and constant groups give 0) is an ordinary registered estimator over the episode score.
 """
 

@@ -21,7 +21,7 @@ What the class changes, and nothing else:
 Options come from ``+algorithm.arl_gigpo.<name>=...`` (the keywords of `arl.algo.gigpo`), over
 the verl-agent defaults in `arl.integrations.verl.gigpo.GIGPO_DEFAULTS`.
 
-Not run on a GPU (see the README section "When one GPU is not enough"): the CPU tests drive this
+Not run on a GPU (see docs/verl.md, "When one GPU is not enough"): the CPU tests drive this
 class's constructor and its advantage and metrics steps against a real TransferQueue.
 """
 

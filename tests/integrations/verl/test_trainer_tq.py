@@ -4,7 +4,7 @@
 `_compute_metrics`, the step that failed on None weight versions after the first update.
 
 Stops before verl's workers: ``compute_log_prob`` / ``update_actor`` need the FSDP worker group,
-which the old log-probs written here stand in for (see the README section on verl)."""
+which the old log-probs written here stand in for (see docs/verl.md)."""
 
 from __future__ import annotations
 
