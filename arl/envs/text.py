@@ -97,11 +97,18 @@ class TextEnv(gym.Wrapper):
     Info per step: ``action_valid``, ``action_effective``, ``success``, ``action`` (canonical
     name or None), ``raw_obs`` (grid text of the new state), ``format_penalty`` (what was added),
     ``elapsed_steps``, plus the game's own keys.
+
+    ``cell_separator`` goes between the cells of a row in the text (not in the game's state key):
+    ``" "`` renders ``P _ _ O`` instead of ``P__O``, which a BPE tokenizer cuts into one token per
+    cell (SmolLM2's merges ``__`` and ``___`` into single tokens, so a token's column is not its position).
     """
 
     def __init__(
-        self, env: gym.Env | str, *, format_penalty: float | None = None, **make_kwargs: Any
+        self, env: gym.Env | str, *, format_penalty: float | None = None, cell_separator: str = "",
+        **make_kwargs: Any,
     ) -> None:
+        if "\n" in cell_separator:
+            raise ValueError(f"cell_separator must not contain a newline (rows are lines), got {cell_separator!r}")
         super().__init__(make_game(env, **make_kwargs))
         game = self.env.unwrapped
         for attr in ("grid_text", "action_names", "game_name", "symbol_legend", "description"):
@@ -111,9 +118,11 @@ class TextEnv(gym.Wrapper):
         self.game_name: str = game.game_name
         self.max_steps: int | None = find_time_limit(self.env)
         self.format_penalty = float(game.default_format_penalty if format_penalty is None else format_penalty)
+        self.cell_separator = str(cell_separator)
         h, w = game.observation_space.shape
         self.observation_space = spaces.Text(
-            max_length=h * (w + 1), min_length=1, charset=frozenset(game.symbols + "\n")
+            max_length=h * (w + 1 + (w - 1) * len(self.cell_separator)), min_length=1,
+            charset=frozenset(game.symbols + "\n" + self.cell_separator),
         )
         self.action_space = spaces.Text(
             max_length=_MAX_ACTION_CHARS, min_length=0, charset=frozenset(string.printable)
@@ -142,7 +151,10 @@ class TextEnv(gym.Wrapper):
         return None if self.max_steps is None else max(0, self.max_steps - self.elapsed_steps)
 
     def grid_text(self) -> str:
-        return self.env.unwrapped.grid_text()
+        text = self.env.unwrapped.grid_text()  # one character per cell, rows joined by "\n"
+        if not self.cell_separator:
+            return text
+        return "\n".join(self.cell_separator.join(row) for row in text.split("\n"))
 
     # ------------------------------------------------------------------ gym API
     def reset(

@@ -128,6 +128,22 @@ def test_frozen_lake_text_env():
     assert obs.split("\n")[0] == "_P__" and info["raw_obs"] == obs
 
 
+def test_cell_separator_spaces_cells_not_rows_nor_the_state():
+    plain, spaced = TextEnv("arl/FrozenLake-v0"), TextEnv("arl/FrozenLake-v0", cell_separator=" ")
+    a, _ = plain.reset(seed=5)
+    b, info = spaced.reset(seed=5)
+    assert b == "\n".join(" ".join(row) for row in a.split("\n")) and info["raw_obs"] == b
+    assert b.split("\n")[0].count(" ") == 3 and spaced.observation_space.contains(b)
+    assert spaced.unwrapped.state_key() == plain.unwrapped.state_key()  # the game's state is the same
+    obs, *_ = spaced.step("<answer>Down</answer>")
+    assert spaced.observation_space.contains(obs) and obs.replace(" ", "") == plain.step("<answer>Down</answer>")[0]
+    sokoban = TextEnv("arl/Sokoban-v0", cell_separator=" ")
+    obs, _ = sokoban.reset(seed=0)
+    assert sokoban.observation_space.contains(obs) and all(len(r) == 11 for r in obs.split("\n"))
+    with pytest.raises(ValueError, match="newline"):
+        TextEnv("arl/FrozenLake-v0", cell_separator="\n")
+
+
 def test_text_env_wraps_instances_and_alt_vocab():
     env = TextEnv(SokobanEnv(vocabulary="alt"))
     assert env.max_steps is None  # no TimeLimit around a bare instance
