@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import attrs
 
 LOG_FILE = "arl.log"  # in the run directory: every library's log records of the run
 
@@ -118,14 +122,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 async def _eval(args: argparse.Namespace) -> dict:
-    from arl.config import ManagerConfig, RolloutConfig
     from arl.engine import make_engine
     from arl.rollout.factory import close_manager, make_manager, make_scheduler
     from arl.train import evaluation_metrics
 
-    config = ManagerConfig(max_tokens=args.max_tokens, temperature=args.temperature, history_len=args.history_len,
-                           prompt_style=args.prompt_style, system_prompt=args.system_prompt)
-    rollout = RolloutConfig(env_id=args.env, mode=args.mode, num_groups=1, group_size=1, manager=config)
+    rollout = eval_rollout(args)
     route_torch_logs()
     async with make_engine(backend=args.backend, model=args.model) as engine:
         manager = make_manager(engine, rollout)
@@ -135,6 +136,24 @@ async def _eval(args: argparse.Namespace) -> dict:
         finally:
             await close_manager(manager)
     return evaluation_metrics(batch.metrics)
+
+
+def eval_rollout(args: argparse.Namespace) -> Any:
+    """`arl eval`'s rollout: the defaults (FrozenLake, step mode, full prompts, T = 0.5, 8 tokens), or
+    ``--config``'s game, mode and manager at its ``eval.temperature``; each flag given wins."""
+    from arl.config import ManagerConfig, RolloutConfig, load_config
+
+    if args.config:
+        train = load_config(args.config)
+        env, mode = train.rollout.env_id, train.rollout.mode
+        manager = attrs.evolve(train.rollout.manager, temperature=train.eval.temperature)
+    else:
+        env, mode = "arl/FrozenLake-v0", "step"
+        manager = ManagerConfig(max_tokens=8, temperature=0.5, history_len=0, prompt_style="full")
+    given = {"max_tokens": args.max_tokens, "temperature": args.temperature, "history_len": args.history_len,
+             "prompt_style": args.prompt_style, "system_prompt": args.system_prompt, "env_kwargs": args.env_kwargs}
+    manager = attrs.evolve(manager, **{k: v for k, v in given.items() if v is not None})
+    return RolloutConfig(env_id=args.env or env, mode=args.mode or mode, num_groups=1, group_size=1, manager=manager)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -280,17 +299,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="a model on a game's validation panel: success, valid actions, turns")
     p.add_argument("model", help="zoo name, local HF directory or a run checkpoint (runs/NAME/ckpt_...)")
-    p.add_argument("--env", default="arl/FrozenLake-v0")
-    p.add_argument("--mode", default="step", choices=["traj", "step", "proxy"],
-                   help="proxy: arl's GymRunner through the in-process proxy")
+    p.add_argument("--config", default=None,
+                   help="a training config: its game, mode, prompts, env kwargs and eval temperature (the flags "
+                        "below override them); evaluates a checkpoint the way its run did")
+    p.add_argument("--env", default=None, help="default arl/FrozenLake-v0")
+    p.add_argument("--mode", default=None, choices=["traj", "step", "proxy"],
+                   help="default step; proxy: arl's GymRunner through the in-process proxy")
     p.add_argument("--num-seeds", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.5)
-    p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--history-len", type=int, default=0)
-    p.add_argument("--prompt-style", default="full", choices=["full", "compact"],
-                   help="compact for the tiny model (what its training runs use)")
+    p.add_argument("--temperature", type=float, default=None, help="default 0.5")
+    p.add_argument("--max-tokens", type=int, default=None, help="default 8")
+    p.add_argument("--history-len", type=int, default=None, help="default 0")
+    p.add_argument("--prompt-style", default=None, choices=["full", "compact"],
+                   help="default full; compact for the tiny model (what its training runs use)")
     p.add_argument("--system-prompt", default=None,
                    help="compact style: a system turn with this text first ('' an empty one, as the SmolLM2 configs use)")
+    p.add_argument("--env-kwargs", default=None, type=json.loads,
+                   help='JSON for the game, e.g. \'{"cell_separator": " "}\' (what the SmolLM2 configs use)')
     p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
     p.set_defaults(func=_cmd_eval)
 

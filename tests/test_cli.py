@@ -28,6 +28,22 @@ def test_eval_rejects_an_unknown_prompt_style():
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
+def test_eval_takes_a_training_configs_game_prompts_and_env_kwargs():
+    from arl.cli import build_parser, eval_rollout
+
+    parse = build_parser().parse_args
+    smol = eval_rollout(parse(["eval", "m", "--config", "smollm2_frozenlake_gigpo"]))
+    assert smol.mode == "step" and smol.manager.prompt_style == "compact" and smol.manager.system_prompt == ""
+    assert smol.manager.env_kwargs == {"cell_separator": " "} and smol.manager.temperature == 0.5  # eval's T
+    assert smol.num_groups == smol.group_size == 1
+    mixed = eval_rollout(parse(["eval", "m", "--config", "smollm2_frozenlake_gigpo", "--temperature", "0",
+                                "--env-kwargs", "{}", "--env", "arl/Sokoban-v0"]))
+    assert mixed.manager.temperature == 0 and mixed.manager.env_kwargs == {} and mixed.env_id == "arl/Sokoban-v0"
+    plain = eval_rollout(parse(["eval", "m"]))
+    assert (plain.env_id, plain.mode, plain.manager.prompt_style, plain.manager.max_tokens) == (
+        "arl/FrozenLake-v0", "step", "full", 8)
+
+
 def test_demo_picks_a_free_run_directory(tmp_path):
     from arl.config import load_config
     from arl.demo import DEMO_CONFIG, free_run_name
