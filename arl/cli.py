@@ -264,6 +264,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    from arl.viz import write_report
+
+    out = write_report(args.run_dir, args.output)
+    print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="-v: info logs, -vv: debug logs")
@@ -359,6 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the engine sleeps through every update (engine.sleep_mode): the larger phase counts")
     p.add_argument("--engine-overhead-gib", type=float, default=2.0, help="vLLM beside weights and KV cache")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("view", help="a run dir as one self-contained HTML report: curves, eval rows, episodes")
+    p.add_argument("run_dir", type=Path, help="the run directory (holds metrics.jsonl)")
+    p.add_argument("-o", "--output", type=Path, default=None, help="the HTML file (default RUN_DIR/report.html)")
+    p.set_defaults(func=_cmd_view)
     return parser
 
 

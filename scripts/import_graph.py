@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("arl.intercept", "arl.agents", "arl.memory_terms"),  # the chat proxy over an engine; agent code on the games
     ("arl.rollout", "arl.plan"),  # managers run games, agents and the proxy against an engine
     ("arl.train",),  # the trainer drives rollouts
+    ("arl.viz",),  # HTML views of samples and run dirs: reads records and metrics.jsonl, drives nothing
     ("arl.integrations",),  # other frameworks driving arl's rollouts
     ("arl.cli",),  # the command line, over everything
 ]
