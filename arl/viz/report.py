@@ -1,14 +1,12 @@
-"""`arl view RUN_DIR`: one self-contained HTML file of a run dir: curves, eval rows, episodes.
+"""`arl view RUN_DIR`: one self-contained HTML file of a run dir: curves and eval rows.
 
 Curves are inline SVG polylines of every numeric ``rollout/*``, ``train/*`` and ``eval/*`` key of
-metrics.jsonl. Episodes are shown when the run dir holds a ``samples.jsonl`` (one Sample's fields
-per line); a run dir without one gets a line saying so: nothing is invented.
+metrics.jsonl. A run dir records no episodes yet, and the report says so: nothing is invented.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -23,19 +21,6 @@ h1{font-size:20px}h2{font-size:16px;margin-top:24px;border-bottom:1px solid #ccc
 table{border-collapse:collapse;font-size:12px;background:#fff}td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}
 .note{color:#666;font-style:italic}
 """
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return rows
 
 
 def _num(v: Any) -> float | None:
@@ -94,27 +79,11 @@ def _eval_table(rows: list[dict[str, Any]]) -> str:
     return f"<table>{head}{body}</table>"
 
 
-def _episodes(run_dir: Path, max_samples: int) -> str:
-    path = run_dir / "samples.jsonl"
-    if not path.is_file():
-        return (f'<p class="note">this run dir holds no episodes (no samples.jsonl in {html.escape(str(run_dir))}); '
-                "render samples in a notebook with arl.viz.episode_html</p>")
-    from arl.rollout.records import Sample  # records only: plain attrs classes
-    from arl.viz.tokens import episode_html
+def report_html(run_dir: str | Path) -> str:
+    from arl.train.logging import read_metrics  # the one reader of metrics.jsonl
 
-    names = {a.name for a in Sample.__attrs_attrs__}
-    samples = []
-    for row in read_rows(path)[:max_samples]:
-        try:
-            samples.append(Sample(**{k: v for k, v in row.items() if k in names}))
-        except (TypeError, ValueError):
-            continue
-    return episode_html(samples, None)
-
-
-def report_html(run_dir: str | Path, max_samples: int = 64) -> str:
     run_dir = Path(run_dir)
-    rows = read_rows(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir)
     curves = series(rows)
     parts = [f"<h1>arl run: {html.escape(str(run_dir))}</h1>",
              f'<p>{len(rows)} metric rows, {len({r.get("step") for r in rows})} steps, '
@@ -126,7 +95,9 @@ def report_html(run_dir: str | Path, max_samples: int = 64) -> str:
             parts.append(f'<p class="note">no {html.escape(prefix)}* metrics</p>')
             continue
         parts.append('<div class="grid">' + "".join(svg_chart(k, curves[k]) for k in keys) + "</div>")
-    parts += ["<h2>eval rows</h2>", _eval_table(rows), "<h2>episodes</h2>", _episodes(run_dir, max_samples)]
+    parts += ["<h2>eval rows</h2>", _eval_table(rows), "<h2>episodes</h2>",
+              '<p class="note">a run dir records no episodes yet; render samples in a notebook with '
+              "arl.viz.episode_html</p>"]
     return ('<!DOCTYPE html><html><head><meta charset="utf-8"><title>arl view</title>'
             f'<style>{PAGE_CSS}</style></head><body>{"".join(parts)}</body></html>')
 
