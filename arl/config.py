@@ -46,7 +46,9 @@ class EngineConfig:
     model: str = "tiny"
     max_model_len: int = 2048
     seed: int = 0
-    dtype: str = "float32"  # "bfloat16" on a GPU, beside a bf16 policy (optim.precision: bf16)
+    # "bfloat16" beside a bf16 policy (optim.precision: bf16); "policy": whatever optim.precision
+    # resolves to (bfloat16 for bf16, float32 for fp32), so that "auto" sets both sides at once.
+    dtype: str = "float32"
     kv_cache_memory_bytes: int | None = 256 * 2**20
     max_num_seqs: int = 256
     gpu_memory_utilization: float | None = None
@@ -146,7 +148,7 @@ class AlgoConfig:
     is_level: str = attrs.field(default="token", validator=v.in_(("token", "sequence")))
 
 
-PRECISIONS = ("fp32", "bf16")  # optim.precision
+PRECISIONS = ("fp32", "bf16", "auto")  # optim.precision; "auto": bf16 where the device computes it fast
 
 
 @attrs.define
@@ -168,6 +170,8 @@ class OptimConfig:
     # moments) in fp32; full fine-tuning keeps fp32 weights as the master copy and runs the
     # forward/backward under bf16 autocast. Log-probs are fp32 from the logits, checkpoints fp32. On a
     # GPU pair it with a bf16 engine (engine.dtype: bfloat16); "fp32" (CPU, exactness tests) with fp32.
+    # "auto": bf16 where the trainer's device has fast bf16 matmuls (a CUDA GPU that supports it, a
+    # CPU with AVX512-BF16 or AMX), else fp32 (arl/train/precision.py, `resolve_precision`).
     precision: str = attrs.field(default="fp32", validator=v.in_(PRECISIONS))
 
 

@@ -212,6 +212,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                       + f", step {m['timing/step_s']:.2f} s; {tokens['rollout']:.0f} rollout tokens, "
                       f"{tokens['trained']:.0f} trained tokens", flush=True)
             train_device = str(trainer.device)
+            config = trainer.config  # optim.precision "auto" / engine.dtype "policy" as resolved
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     rates_after = measure_rates(args, device, "after")

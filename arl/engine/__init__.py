@@ -28,6 +28,10 @@ from arl.engine.base import (
 def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEngine:
     """Build the engine `config` describes (keyword overrides win over config fields)."""
     config = attrs.evolve(config or EngineConfig(), **overrides)
+    if config.dtype == "policy":  # a training config's "same as optim.precision": the trainer resolves it
+        raise ValueError("engine dtype 'policy' means 'as optim.precision' and is resolved by the Trainer "
+                         "(arl.train.precision.resolve_precision); an engine built on its own needs a dtype "
+                         "(float32, bfloat16, float16 or auto)")
     if config.backend == "scripted":
         from arl.engine.scripted import ScriptedEngine
 

@@ -45,7 +45,7 @@ from arl.train import lora
 from arl.train.canary import SyncCanary, WeightSyncError
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from arl.train.logging import MetricsLogger, plot_learning_curve
-from arl.train.precision import weights_dtype
+from arl.train.precision import resolve_precision, weights_dtype
 from arl.train.run_dir import check_fresh, load_reference, save_reference
 from arl.train.update import policy_update
 
@@ -69,7 +69,7 @@ class Trainer:
             engine = manager.engine
         if val_manager is not None and engine is not None and val_manager.engine is not engine:
             raise ValueError("val_manager runs on another engine than the trainer's")
-        self.config = config
+        self.config = resolve_precision(config)  # optim.precision "auto" -> bf16 or fp32, once
         self.engine = engine  # injected (tests, notebooks) or built in setup()
         self._owns_engine = engine is None
         self.manager = manager

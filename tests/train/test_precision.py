@@ -10,8 +10,10 @@ from trainer_support import metrics_rows, params_of, scripted, small_config, uni
 
 from arl.algo import token_logprobs
 from arl.config import ConfigError, load_config
+from arl.engine import make_engine
 from arl.train import Trainer
-from arl.train.precision import forward_precision
+from arl.train import precision as precision_module
+from arl.train.precision import bf16_is_fast, forward_precision, resolve_precision
 
 pytestmark = pytest.mark.anyio
 
@@ -33,6 +35,44 @@ def test_precision_is_validated_and_fp32_by_default():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["optim.precision=fp16"])
     assert all(word in str(err.value) for word in ("precision", "fp32", "bf16"))
+
+
+@pytest.mark.parametrize("flags, fast", [
+    ("flags\t\t: fpu sse avx2 avx512f avx512_bf16", True),   # AMD Zen 4 / Intel Cooper Lake
+    ("flags\t\t: fpu sse avx2 amx_tile amx_bf16", True),      # Intel Sapphire Rapids
+    ("Features\t: fp asimd bf16 i8mm", True),                  # ARMv8.6
+    ("flags\t\t: fpu sse avx2 avx512f avx512bw", False),      # AVX-512 without bf16: emulated
+    ("flags\t\t: fpu sse avx2 fma", False),                   # AVX2 only: bf16 ~80x slower than fp32
+])
+def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(tmp_path, monkeypatch, flags, fast):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\n{flags}\n\nprocessor\t: 1\n{flags}\n")
+    real_path = precision_module.Path
+    monkeypatch.setattr(precision_module, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
+    assert bf16_is_fast("cpu") is fast
+    config = load_config(None, ["optim.precision=auto", "engine.dtype=policy"])
+    resolved = resolve_precision(config, "cpu")
+    assert (resolved.optim.precision, resolved.engine.dtype) == (("bf16", "bfloat16") if fast else ("fp32", "float32"))
+    # an explicit engine dtype is left alone; so is a precision that is not "auto"
+    assert resolve_precision(load_config(None, ["optim.precision=auto"]), "cpu").engine.dtype == "float32"
+    assert resolve_precision(load_config(None, ["optim.precision=fp32"]), "cpu").optim.precision == "fp32"
+
+
+def test_a_cpu_without_a_readable_cpuinfo_is_not_assumed_fast(tmp_path, monkeypatch):
+    monkeypatch.setattr(precision_module, "Path", lambda p: tmp_path / "no-cpuinfo")  # macOS, a locked-down /proc
+    assert bf16_is_fast("cpu") is False
+
+
+async def test_the_trainer_resolves_auto_before_it_builds_anything(tmp_path):
+    config = small_config(tmp_path, "optim.precision=auto", "engine.dtype=policy", "steps=1")
+    trainer = Trainer(config, engine=scripted(config))
+    assert trainer.config.optim.precision in ("bf16", "fp32")
+    assert trainer.config.engine.dtype == {"bf16": "bfloat16", "fp32": "float32"}[trainer.config.optim.precision]
+    assert trainer.config.optim.precision == ("bf16" if bf16_is_fast("cpu") else "fp32")
+    with pytest.raises(ValueError, match="resolved when the trainer is built"):
+        forward_precision(torch.nn.Linear(2, 2), "auto")
+    with pytest.raises(ValueError, match="resolved by the Trainer"):  # an engine built on its own
+        make_engine(backend="scripted", model="tiny", dtype="policy")
 
 
 async def test_bf16_lora_keeps_only_the_adapter_in_fp32(tmp_path):
