@@ -134,8 +134,11 @@ async def run_game(game: str, config_path: Path, args: argparse.Namespace, runs_
     from arl.engine import make_engine
     from arl.train import Trainer
     from arl.train.lora import engine_config
+    from arl.train.precision import resolve_precision
 
-    base = load_config(config_path, run_overrides(args, game, None, None, runs_dir))
+    # resolved as the Trainer does (optim.precision "auto", engine.dtype "policy"), so the shared engine
+    # is the one each run's trainer would have built
+    base = resolve_precision(load_config(config_path, run_overrides(args, game, None, None, runs_dir)))
     t0 = time.perf_counter()
     engine = make_engine(engine_config(base))  # with vLLM's LoRA path when the config trains LoRA
     startup_s = time.perf_counter() - t0
@@ -144,7 +147,7 @@ async def run_game(game: str, config_path: Path, args: argparse.Namespace, runs_
     try:
         for estimator in args.estimators:
             for seed in args.seeds:
-                config = load_config(config_path, run_overrides(args, game, estimator, seed, runs_dir))
+                config = resolve_precision(load_config(config_path, run_overrides(args, game, estimator, seed, runs_dir)))
                 assert config.engine == base.engine, "every run of a game must fit the shared engine"
                 tag = f"[{game} {estimator} s{seed}]"
                 t0 = time.perf_counter()
