@@ -181,6 +181,11 @@ class EvalConfig:
     num_seeds: int = 64  # fixed validation panel
     temperature: float = 0.5
     at_start: bool = True
+    # kept in run_dir/episodes.jsonl at each evaluation for `arl view` (arl/train/episodes.py): the
+    # first `record_episodes` validation episodes turn by turn, and their first states answered
+    # `state_samples` times each (per-state action distributions over training); 0 turns either off
+    record_episodes: int = attrs.field(default=4, validator=v.ge(0))
+    state_samples: int = attrs.field(default=8, validator=v.ge(0))
 
 
 @attrs.define

@@ -216,6 +216,8 @@ ADDED_KEYS = {
     "rollout.spare_groups": 0,  # no over-provisioning
     "optim.gradient_checkpointing": False,  # activations kept, as before
     "optim.precision": "fp32",  # the only precision before
+    # what the run dir records for `arl view` (arl/train/episodes.py): no effect on training
+    "eval.record_episodes": 4, "eval.state_samples": 8,
     "lora": {"rank": 0, "alpha": 16.0, "dropout": 0.0,  # every weight trained: LoRA's section off
              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
 }

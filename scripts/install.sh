@@ -34,6 +34,17 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
+# chromium: the headless browser the test of `arl view`'s report renders it in (tests/viz/test_browser.py);
+# only the test suite needs it (skipped without it, except under ARL_REQUIRE_BROWSER=1, as in CI).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+      || echo "note: apt-get could not install chromium; the browser test of arl view is skipped"
+  else
+    echo "note: chromium is not installed (needs root: apt-get install chromium); the browser test of arl view is skipped"
+  fi
+fi
+
 if [ -z "${ARL_DEVICE:-}" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then ARL_DEVICE=gpu; else ARL_DEVICE=cpu; fi
 fi

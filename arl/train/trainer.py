@@ -41,7 +41,7 @@ from arl.models import resolve_model
 from arl.rollout import Sample, collate
 from arl.rollout.factory import check_rollout, close_manager, make_manager, make_scheduler
 from arl.rollout.scheduler import check_batch
-from arl.train import lora
+from arl.train import episodes, lora
 from arl.train.canary import SyncCanary, WeightSyncError
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from arl.train.logging import MetricsLogger, plot_learning_curve
@@ -156,6 +156,8 @@ class Trainer:
             self.canary = SyncCanary(self.engine, self.model, self.tokenizer, precision=c.optim.precision,
                                      engine_dtype=c.engine.dtype)
             await self.canary.check(self.pushed, "set-up")
+        if ckpt is not None:  # the rows past the checkpoint are replayed
+            episodes.truncate_after(self.run_dir, self.step_count)
         self.logger = MetricsLogger(
             self.run_dir, tensorboard=c.tensorboard, resume_step=self.step_count if ckpt is not None else None
         )
@@ -324,12 +326,39 @@ class Trainer:
         every, c = self.config.eval.every, self.config
         return self.step_count == c.steps or (every > 0 and self.step_count % every == 0)
 
-    async def evaluate(self) -> dict[str, float]:
-        """The fixed validation panel at the eval temperature: success, valid actions, turns."""
+    async def evaluate(self, record: bool = True) -> dict[str, float]:
+        """The fixed validation panel at the eval temperature: success, valid actions, turns; with
+        ``record``, also a row of run_dir/episodes.jsonl (episodes, exits, per-state actions)."""
         await self.setup()
         specs = self.groups.val_specs(num_seeds=self.config.eval.num_seeds)
         batch = await self.groups.run(self.val_manager, specs)
+        if record:
+            await self._record_episodes([e.trajectory for e in batch.episodes])
         return evaluation_metrics(batch.metrics)
+
+    async def _record_episodes(self, trajectories: list[Any]) -> None:
+        ev, manager = self.config.eval, self.val_manager.config
+        if ev.record_episodes == 0:
+            return
+        def decode(ids: Any) -> str:  # as the managers read a reply (arl/rollout/base.py)
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+        row = episodes.eval_record(self.step_count, trajectories, keep=ev.record_episodes, decode=decode)
+        firsts = [(t.turns[0].observation, t.turns[0].prompt_ids) for t in trajectories[:ev.record_episodes] if t.turns]
+        if ev.state_samples > 0 and firsts:
+            try:  # the game's own parser; an env that is no TextEnv game (proxy mode's agents) has none
+                from arl.envs.text import TextEnv
+
+                game = TextEnv(self.config.rollout.env_id, **manager.env_kwargs)
+                try:
+                    row["states"] = await episodes.state_action_counts(
+                        self.engine, firsts, n=ev.state_samples, temperature=manager.temperature,
+                        max_tokens=manager.max_tokens, decode=decode, parse=game.parse_action)
+                finally:
+                    game.close()
+            except Exception as exc:  # a record for the report: never the reason a run stops
+                row["states_error"] = f"{type(exc).__name__}: {exc}"
+        episodes.append_record(self.run_dir, row)
 
     # -- the loop ----------------------------------------------------------------------------------
     async def train(self, resume: bool | None = None, progress: Any = None) -> list[dict[str, float]]:

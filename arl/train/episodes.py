@@ -1,0 +1,109 @@
+"""What the validation panel did at each evaluation, kept in the run dir for `arl view`:
+``run_dir/episodes.jsonl``, one JSON row per evaluation.
+
+A row holds:
+
+- ``episodes``: the first ``eval.record_episodes`` validation episodes in full, turn by turn (the
+  frame the action was taken in, the model's reply, the parsed action, the reward);
+- ``exits``: how every episode of the panel ended (``exit_reason`` -> count) and ``statuses``
+  (``status`` -> count), so a rise in invalid answers or time-outs shows beside the success rate;
+- ``actions``: every validation turn's parsed action (``"(invalid)"`` for none) -> count;
+- ``states``: per-state action distributions: the first frame of each recorded episode (the same
+  levels at every evaluation, the panel being fixed) answered ``eval.state_samples`` times by the
+  engine at the eval temperature, each reply parsed by the game, so the rows of successive
+  evaluations show how the policy's choice in one state moves over training.
+
+The states cost ``record_episodes x state_samples`` short generations per evaluation (4 x 8
+replies of <= ``max_tokens`` tokens with the defaults), from prompts vLLM's prefix cache already
+holds. Where the game cannot parse replies (an agent's own env in proxy mode), ``states`` is empty
+and ``states_error`` says why; recording never fails the run.
+
+    >>> from arl.rollout.records import Trajectory, Turn
+    >>> t = Trajectory(env_id="g", group_id="val_0_7", episode_id=0, seed=7, success=True, episode_score=1.0,
+    ...                turns=[Turn(observation="P.G", prompt_ids=[1], response_ids=[5], response_logprobs=[-0.1],
+    ...                            reward=1.0, action="Right", action_valid=True)])
+    >>> row = eval_record(3, [t], keep=1, decode=lambda ids: "<answer>Right</answer>")
+    >>> row["exits"], row["actions"], row["episodes"][0]["turns"][0]["reply"]
+    ({'terminated': 1}, {'Right': 1}, '<answer>Right</answer>')
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+EPISODES_FILE = "episodes.jsonl"
+INVALID = "(invalid)"
+
+
+def eval_record(step: int, trajectories: Sequence[Any], *, keep: int,
+                decode: Callable[[Sequence[int]], str]) -> dict[str, Any]:
+    """One evaluation's row (without ``states``): the panel's exits and actions, and its first
+    ``keep`` episodes turn by turn (replies decoded with ``decode``)."""
+    exits = collections.Counter(t.exit_reason for t in trajectories)
+    statuses = collections.Counter(t.status for t in trajectories)
+    actions = collections.Counter((turn.action if turn.action_valid else None) or INVALID
+                                  for t in trajectories for turn in t.turns)
+    episodes = [{
+        "seed": t.seed, "success": bool(t.success), "score": float(t.episode_score), "status": t.status,
+        "exit_reason": t.exit_reason, "error": t.error,
+        "turns": [{"frame": turn.observation, "reply": decode(turn.response_ids), "action": turn.action,
+                   "valid": bool(turn.action_valid), "reward": float(turn.reward)} for turn in t.turns],
+    } for t in trajectories[:keep]]
+    return {"step": step, "num_episodes": len(trajectories), "exits": dict(exits), "statuses": dict(statuses),
+            "actions": dict(actions), "episodes": episodes, "states": []}
+
+
+async def state_action_counts(engine: Any, prompts: Sequence[tuple[str, Sequence[int]]], *, n: int,
+                              temperature: float, max_tokens: int, decode: Callable[[Sequence[int]], str],
+                              parse: Callable[[str], str | None]) -> list[dict[str, Any]]:
+    """For each (frame, prompt ids): ``n`` replies sampled at ``temperature``, parsed by ``parse``,
+    as {"frame", "n", "counts": action -> count} (``"(invalid)"`` for a reply that parses to none)."""
+    from arl.engine.base import SamplingParams
+
+    params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens)
+    out = []
+    for frame, prompt_ids in prompts:
+        gens = await engine.generate(list(prompt_ids), params)
+        gens = gens if isinstance(gens, list) else [gens]
+        counts = collections.Counter(parse(decode(g.token_ids)) or INVALID for g in gens)
+        out.append({"frame": frame, "n": len(gens), "counts": dict(counts)})
+    return out
+
+
+def append_record(run_dir: str | Path, row: dict[str, Any]) -> None:
+    with open(Path(run_dir) / EPISODES_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, allow_nan=False) + "\n")
+
+
+def read_episodes(run_dir: str | Path, up_to_step: int | None = None) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/episodes.jsonl`` (none if there is no file); a resumed run's rows past
+    its checkpoint are left out with ``up_to_step``. A torn last line (a run killed mid-write) is
+    skipped."""
+    path = Path(run_dir) / EPISODES_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if up_to_step is None or row.get("step", 0) <= up_to_step:
+            rows.append(row)
+    return rows
+
+
+def truncate_after(run_dir: str | Path, step: int) -> None:
+    """Drop the rows past ``step`` (a resumed run replays the steps after its checkpoint)."""
+    path = Path(run_dir) / EPISODES_FILE
+    if path.exists():
+        rows = read_episodes(run_dir, up_to_step=step)
+        path.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows), encoding="utf-8")
+
+
+__all__ = ["EPISODES_FILE", "INVALID", "append_record", "eval_record", "read_episodes", "state_action_counts",
+           "truncate_after"]
