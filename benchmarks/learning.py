@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/learning.py --quick         # smoke size: FrozenLake, grpo + gigpo-mean, 1 seed (~1 min)
     .venv/bin/python benchmarks/learning.py --games sokoban --seeds 0 1 2 3 4 --steps 60 optim.lr=3e-4
     .venv/bin/python benchmarks/learning.py --config-frozenlake configs/other.yaml   # swap a game's config
+    .venv/bin/python benchmarks/learning.py --runs-dir runs/ --resume ...   # runs cut off go on from their checkpoints
     .venv/bin/python benchmarks/learning.py --games frozenlake --estimators gigpo-mean proxy-gigpo-mean \
         --out benchmarks/results/learning-proxy.json    # the step manager beside a black-box agent through the proxy
 
@@ -158,7 +159,10 @@ async def run_game(game: str, config_path: Path, args: argparse.Namespace, runs_
                         print(f"  {tag} step {step}/{total}: val success {m['eval/success_rate']:.3f}, "
                               f"{time.perf_counter() - t0:.0f} s", flush=True)
 
-                trainer = Trainer(config, engine=engine)
+                # --resume: a run with a checkpoint in --runs-dir goes on from it (a finished one only
+                # reads its history back), so a run cut off by the end of a session is not lost
+                resume = args.resume and any((runs_dir / game / f"{estimator}-s{seed}").glob("ckpt_*"))
+                trainer = Trainer(config, engine=engine, resume=resume)
                 try:
                     history = await trainer.train(progress=progress)
                     n_params = n_params or sum(p.numel() for p in trainer.model.parameters())
@@ -455,6 +459,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke size: FrozenLake, grpo + gigpo-mean, seed 0, 2 steps of 2x2 episodes")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/learning.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --runs-dir: runs that have a checkpoint there go on from their latest one")
     parser.add_argument("--add-to", type=Path, default=None,
                         help="pool these runs with an earlier result JSON of the same setup (more seeds or "
                              "estimators) and write the pooled result (default --out: that file)")

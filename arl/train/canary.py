@@ -68,9 +68,12 @@ class Tolerance:
 # GPU kernels (their attention and matmul accumulation orders differ from the trainer's), and still
 # ~100x below what one small update moves (lr 1e-2: ~1, lr 1e-4: ~0.1 on the tiny model).
 FP32 = Tolerance(max_abs=1e-2, mean_abs=2e-3, label="fp32")
-# bf16 rounding of every activation (tests/engine/test_bf16.py: worst 0.075, mean 0.015 on the CPU,
-# ~3x margin for GPU kernels); a dropped push there measured worst 6.3, mean 3.2.
-BF16 = Tolerance(max_abs=0.25, mean_abs=0.06, label="bf16")
+# bf16 rounding of every activation: tests/engine/test_bf16.py measured worst 0.075, mean 0.015 on the
+# tiny model (CPU); SmolLM2-135M (30 layers, bf16 engine and bf16 autocast trainer, CPU) reached worst
+# 0.42 on one token with mean 0.029 at step 19 of a correct run (2026-12-03), so one token's gap is noise
+# at this size and the mean is the test: ~2x the largest mean measured. A dropped push measured worst
+# 6.3, mean 3.2 on the tiny model.
+BF16 = Tolerance(max_abs=1.0, mean_abs=0.06, label="bf16")
 
 _FULL_PRECISION = ("float32", "float", "fp32")
 
