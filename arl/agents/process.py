@@ -24,6 +24,19 @@ task is cancelled) it kills the whole group. Outcomes, all as data:
   or `MAX_RESULT_DEPTH`, and a result path that is not a regular file
   (`EpisodeResult.from_bytes`).
 
+Isolation (``isolation``; docs/threat_model.md, "Push-mode agents"): under ``"uid"`` each agent
+process runs as a uid of its own (`arl.envs.bwrap.fresh_uid`, its own group, no supplementary
+groups), with its work dir chowned to it and ``HOME`` pointed there, and every process left under
+that uid is killed when the episode ends (`reap_uid`: a daemon that left the process group too).
+The kernel then keeps a sibling's or the trainer's ``/proc/<pid>/environ`` (the bearer token,
+secrets) from it, and keeps it from signalling or ptracing them or writing their files. It needs
+root, and an agent that an unprivileged uid can run: every path of ``command`` (the executable, its
+``#!`` interpreter, the real file behind a venv's ``python`` link, each argument that names an
+existing path) and ``cwd`` reachable by others (`unreachable_paths`). ``"auto"`` (the default) is
+``"uid"`` where both hold and ``"none"`` otherwise, saying why once; ``"none"`` runs the agent as
+the trainer's user, not isolated from its siblings (the result's ``metrics["isolated_uid"]`` says
+which: 1.0 or 0.0).
+
 See ``arl/agents/examples/gym_agent.py`` for such a program.
 """
 
@@ -31,7 +44,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -42,7 +57,10 @@ from typing import Any
 import anyio
 
 from arl.agents.runner import MAX_RESULT_BYTES, AgentRunner, ChatClient, EpisodeResult
+from arl.envs.bwrap import fresh_uid, reap_uid
 from arl.envs.hostfs import remove_tree
+
+log = logging.getLogger(__name__)
 
 STDERR_TAIL = 4000  # characters of the program's stderr kept in EpisodeResult.error
 # What an agent process inherits from the trainer's environment (nothing else: no secrets).
@@ -61,6 +79,87 @@ TELEMETRY_OFF = {
     "ANONYMIZED_TELEMETRY": "False",  # chromadb and friends
     "SCARF_NO_ANALYTICS": "true", "DO_NOT_TRACK": "1",  # the cross-tool conventions
 }
+ISOLATIONS = ("auto", "uid", "none")
+REAP_BOUND_S = 5.0  # how long the leftovers of an agent's uid may take to die
+_said: set[str] = set()  # why "auto" fell back to "none", said once per reason
+
+
+def unreachable_paths(command: Sequence[str], cwd: str | os.PathLike[str] | None = None,
+                      path_env: str | None = None) -> list[str]:
+    """What an unprivileged uid could not use of ``command`` run in ``cwd``: one line per path
+    (the executable, its ``#!`` interpreter, the real file behind a link, each argument that names
+    an existing path, ``cwd``) whose file or some directory above it others may not read/enter.
+    Empty: nothing found in the way (the agent may still need paths no argument names)."""
+    problems: list[str] = []
+    exe = shutil.which(command[0], path=path_env if path_env is not None else os.environ.get("PATH"))
+    if exe is None:
+        return [f"{command[0]}: not found on PATH"]
+    targets = [(exe, True)]
+    try:  # a script: its interpreter (and the program `env` looks up) must be runnable too
+        with open(os.path.realpath(exe), "rb") as f:
+            head = f.readline(256)
+        if head.startswith(b"#!"):
+            words = head[2:].decode(errors="replace").split()
+            if words:
+                targets.append((words[0], True))
+                if os.path.basename(words[0]) == "env" and len(words) > 1:
+                    found = shutil.which(words[1], path=path_env if path_env is not None else os.environ.get("PATH"))
+                    targets.append((found or words[1], True))
+    except OSError:
+        pass
+    targets += [(arg, False) for arg in command[1:] if os.path.isabs(arg) or os.sep in arg if os.path.exists(arg)]
+    if cwd is not None:
+        targets.append((str(cwd), True))
+    for path, execute in targets:
+        for p in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+            why = _others_cannot(p, execute)
+            if why:
+                problems.append(f"{path}: {why}")
+                break
+    return problems
+
+
+def _others_cannot(path: str, execute: bool) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"cannot stat ({exc.strerror})"
+    directory = stat.S_ISDIR(st.st_mode)
+    need = stat.S_IROTH | (stat.S_IXOTH if execute or directory else 0)
+    if st.st_mode & need != need:
+        return f"mode {stat.filemode(st.st_mode)} lets others not {'enter' if directory else 'run' if execute else 'read'} it"
+    parent = os.path.dirname(path)
+    while parent and parent != os.path.dirname(parent):
+        try:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return f"{parent} is closed to others (mode {stat.filemode(os.stat(parent).st_mode)})"
+        except OSError as exc:
+            return f"cannot stat {parent} ({exc.strerror})"
+        parent = os.path.dirname(parent)
+    return None
+
+
+def choose_isolation(isolation: str, command: Sequence[str], cwd: str | os.PathLike[str] | None = None,
+                     path_env: str | None = None) -> tuple[str, str | None]:
+    """("uid" or "none", the reason "uid" was not possible or None). ``"uid"`` asked for and not
+    possible raises ValueError with the reason; ``"auto"`` falls back to ``"none"``."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation={isolation!r} is not one of {', '.join(map(repr, ISOLATIONS))}")
+    if isolation == "none":
+        return "none", None
+    why = None
+    if os.geteuid() != 0:
+        why = "the trainer is not root, so it cannot give each agent a uid of its own"
+    else:
+        problems = unreachable_paths(command, cwd, path_env)
+        if problems:
+            why = ("an unprivileged uid could not run the agent: " + "; ".join(problems)
+                   + " (install it, and its interpreter, where others can read it, e.g. under /usr or /opt)")
+    if why is None:
+        return "uid", None
+    if isolation == "uid":
+        raise ValueError(f"isolation='uid': {why}")
+    return "none", why
 
 
 class PushModeRunner(AgentRunner):
@@ -82,6 +181,7 @@ class PushModeRunner(AgentRunner):
         model: str = "arl",
         cwd: str | os.PathLike[str] | None = None,
         inherit_env: Sequence[str] = (),
+        isolation: str = "auto",
     ) -> None:
         super().__init__(client, model)
         if not command:
@@ -97,6 +197,12 @@ class PushModeRunner(AgentRunner):
         self.base_url = base_url.rstrip("/")
         self.api_key = str(client.api_key)
         self.returncode: int | None = None
+        path_env = self.env_extra.get("PATH", os.environ.get("PATH"))
+        self.isolation, why = choose_isolation(isolation, self.command, cwd, path_env)
+        if why is not None and why not in _said:
+            _said.add(why)
+            log.warning("push-mode agents run as the trainer's user, not isolated from each other or from the "
+                        "trainer: %s", why)
 
     async def run_job(self, seed: int) -> EpisodeResult:
         workdir = Path(tempfile.mkdtemp(prefix="arl-agent-"))
@@ -105,28 +211,43 @@ class PushModeRunner(AgentRunner):
             "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
             "ARL_SEED": str(seed), "ARL_MODEL": self.model, "ARL_RESULT_PATH": str(result_path),
         })
+        as_user: dict[str, Any] = {}
+        uid = None
+        if self.isolation == "uid":
+            uid = fresh_uid()
+            os.chown(workdir, uid, uid)  # still 0700: its own, and no one else's but root's
+            env["HOME"] = str(workdir)
+            as_user = {"user": uid, "group": uid, "extra_groups": []}
         proc: asyncio.subprocess.Process | None = None
         try:
             with open(stderr_path, "wb") as stderr:
                 proc = await asyncio.create_subprocess_exec(
                     *self.command, env=env, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+                    stdout=asyncio.subprocess.DEVNULL, stderr=stderr, start_new_session=True, **as_user,
                 )
                 try:
                     self.returncode = await asyncio.wait_for(proc.wait(), self.timeout_s)
                 except TimeoutError:
                     await _kill_group(proc)
-                    return EpisodeResult(
+                    return self._tag(EpisodeResult(
                         status="Timeout", exit_reason="timeout",
                         error=f"agent process ran past {self.timeout_s:g}s and was killed",
-                    )
-            return self._result(result_path, _tail(stderr_path))
+                    ))
+            return self._tag(self._result(result_path, _tail(stderr_path)))
         finally:
             if proc is not None and proc.returncode is None:  # cancelled while waiting
                 await _kill_group(proc)
+            if uid is not None:  # what left the process group (a daemon) dies with the episode
+                with anyio.CancelScope(shield=True):
+                    await reap_uid(uid, REAP_BOUND_S)
             # whatever the agent left there (too deep for shutil.rmtree, 100k files): in a worker
             # thread, not on the event loop; the thread finishes it even if this task is cancelled
             await asyncio.to_thread(remove_tree, workdir)
+
+    def _tag(self, result: EpisodeResult) -> EpisodeResult:
+        """The result says whether its agent ran under a uid of its own (1.0) or the trainer's (0.0)."""
+        result.metrics = {**(result.metrics or {}), "isolated_uid": float(self.isolation == "uid")}
+        return result
 
     def _result(self, path: Path, stderr: str) -> EpisodeResult:
         failed = EpisodeResult(status="Failed", exit_reason="agent_error")

@@ -144,4 +144,5 @@ async def test_agent_process_gets_a_minimal_environment(monkeypatch):
                             inherit_env=["ARL_TEST_PASS_ME"])
     result = await runner.run_job(0)
     assert result.status == "Finished", result.error
-    assert result.metrics == {"leaked": 0.0, "passed": 1.0, "extra": 1.0, "key": 1.0}
+    assert result.metrics == {"leaked": 0.0, "passed": 1.0, "extra": 1.0, "key": 1.0,
+                              "isolated_uid": float(runner.isolation == "uid")}
