@@ -133,7 +133,9 @@ class RolloutConfig:
 
 @attrs.define
 class AlgoConfig:
-    estimator: str = attrs.field(default="gigpo", validator=v.in_(("grpo", "gigpo", "reinforce")))
+    # a name in arl.algo.estimators (built in: grpo, gigpo, reinforce; more by `register`), checked by
+    # the Trainer: this module imports no other arl module, so it cannot know the registered ones
+    estimator: str = attrs.field(default="gigpo", validator=v.instance_of(str))
     gamma: float = 0.95
     step_weight: float = 1.0
     gigpo_mode: str = attrs.field(default="mean_norm", validator=v.in_(("mean_norm", "mean_std_norm")))

@@ -132,17 +132,13 @@ def estimators(grid: str) -> dict[str, dict[str, Any]]:
 
 
 def scores(samples: list[Any], label: np.ndarray, actions: np.ndarray, spec: dict[str, Any]) -> dict[str, float]:
-    from arl.algo import gigpo, grpo
+    import types
 
-    if spec["estimator"] == "grpo":
-        adv = grpo([s.episode_score for s in samples], [s.group_id for s in samples])
-    else:
-        adv, _ = gigpo(
-            [s.episode_score for s in samples], [s.step_score for s in samples], [s.group_id for s in samples],
-            [s.traj_id for s in samples], [s.step for s in samples], [s.state_hash for s in samples],
-            gamma=spec["gamma"], step_weight=spec["step_weight"], mode=spec["mode"],
-            episode_stats=spec.get("episode_stats", "episodes"), singleton=spec.get("singleton", "zero"),
-        )
+    from arl.algo.estimators import estimate
+
+    settings = types.SimpleNamespace(**{k: v for k, v in spec.items() if k not in ("estimator", "mode")},
+                                     gigpo_mode=spec.get("mode"))
+    adv, _ = estimate(spec["estimator"], samples, settings)
     per_action = {a: adv[actions == a].mean() for a in set(actions)}
     action_part = np.array([per_action[a] for a in actions])
     resid = adv - action_part

@@ -34,8 +34,8 @@ import attrs
 import numpy as np
 import torch
 
-from arl.algo import gigpo, grpo, reinforce
-from arl.config import RunExistsError, TrainConfig, unstructure
+from arl.algo import estimators
+from arl.config import ConfigError, RunExistsError, TrainConfig, unstructure
 from arl.engine import make_engine
 from arl.models import resolve_model
 from arl.rollout import Sample, collate
@@ -69,6 +69,9 @@ class Trainer:
             engine = manager.engine
         if val_manager is not None and engine is not None and val_manager.engine is not engine:
             raise ValueError("val_manager runs on another engine than the trainer's")
+        if config.algo.estimator not in estimators.names():  # before anything is built
+            raise ConfigError(f"algo.estimator={config.algo.estimator!r} is not a registered advantage estimator "
+                             f"({', '.join(estimators.names())}; arl.algo.estimators.register adds one)")
         self.config = resolve_precision(config)  # optim.precision "auto" -> bf16 or fp32, once
         self.engine = engine  # injected (tests, notebooks) or built in setup()
         self._owns_engine = engine is None
@@ -270,25 +273,10 @@ class Trainer:
                 await task
 
     def advantages(self, samples: list[Sample]) -> tuple[np.ndarray, dict[str, float]]:
-        """One scalar per sample from the configured estimator (docs/reference.md §3)."""
-        a = self.config.algo
-        if not samples:
-            return np.zeros(0), {}
-        if a.estimator == "reinforce":
-            adv = reinforce([s.score for s in samples])
-            return adv, {"train/adv_abs_mean": float(np.abs(adv).mean())}
-        if a.estimator == "grpo":  # trajectory level; step rows carry their episode's score
-            adv = grpo([s.episode_score for s in samples], [s.group_id for s in samples])
-            return adv, {"train/adv_abs_mean": float(np.abs(adv).mean())}
-        adv, stats = gigpo(
-            [s.episode_score for s in samples], [s.step_score for s in samples],
-            [s.group_id for s in samples], [s.traj_id for s in samples], [s.step for s in samples],
-            [s.state_hash for s in samples], gamma=a.gamma, step_weight=a.step_weight, mode=a.gigpo_mode,
-            invalid_penalty=a.invalid_penalty, action_valid=[s.action_valid for s in samples],
-        )
-        out = {f"train/gigpo_{k}": float(v) for k, v in stats.items()}
-        out["train/adv_abs_mean"] = float(np.abs(adv).mean())
-        return adv, out
+        """One scalar per sample from the configured estimator (`arl.algo.estimators`), its stats
+        under ``train/``."""
+        adv, stats = estimators.estimate(self.config.algo.estimator, samples, self.config.algo)
+        return adv, {f"train/{k}": v for k, v in stats.items()}
 
     # -- the policy update (blocking; runs in a worker thread) ------------------------------------
     def update(self, samples: list[Sample], advantages: np.ndarray) -> dict[str, float]:

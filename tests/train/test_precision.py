@@ -176,3 +176,10 @@ async def test_bf16_resume_matches_an_uninterrupted_run(tmp_path, rank):
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
 
     assert metrics_rows(tmp_path / "part" / "t") == metrics_rows(tmp_path / "full" / "t")
+
+
+def test_the_docstring_examples_hold():
+    import doctest
+
+    failures, tried = doctest.testmod(precision_module)
+    assert tried > 0 and failures == 0

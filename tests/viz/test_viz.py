@@ -37,3 +37,12 @@ def test_view_writes_one_self_contained_small_report(tmp_path):
     assert "<svg" in text and "eval/success_rate" in text
     assert not re.search(r'(src|href)="(https?:)?//', text)  # nothing fetched from anywhere
     assert out.stat().st_size < 3_000_000
+
+
+def test_the_episode_records_docstring_example_holds():
+    import doctest
+
+    from arl.train import episodes
+
+    failures, tried = doctest.testmod(episodes)
+    assert tried > 0 and failures == 0
