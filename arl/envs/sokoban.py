@@ -234,6 +234,7 @@ class SokobanEnv(gym.Env[np.ndarray, np.int64]):
         self.num_gen_steps = int(1.7 * (h + w)) if num_gen_steps is None else int(num_gen_steps)
         self.vocabulary = vocabulary
         self.symbols = VOCABULARIES[vocabulary]
+        self.position_symbols = self.symbols[TARGET:]  # what TextEnv(positions=True) locates: not walls, floor
         self.render_mode = render_mode
         self.action_names = list(SokobanEnv.action_names)  # instance copy: callers may not mutate ours
         self.observation_space = spaces.Box(low=0, high=6, shape=(h, w), dtype=np.int8)

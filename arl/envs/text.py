@@ -11,6 +11,7 @@ and passing it through gymnasium's TimeLimit is what makes the wasted turn count
 
 from __future__ import annotations
 
+import collections
 import re
 import string
 from typing import Any
@@ -46,6 +47,27 @@ def parse_answer(text: Any, action_names: list[str]) -> str | None:
         if name.lower() == word:
             return name
     return None
+
+
+def positions_line(rows: list[str], symbols: str | None = None) -> str:
+    """Where each of ``symbols`` (default: all but the most common) is in the grid ``rows``, 1-based.
+
+    >>> positions_line(["O G _ _".replace(" ", ""), "_ _ _ P".replace(" ", "")], "OGP")
+    'O: row 1 col 1. G: row 1 col 2. P: row 2 col 4.'
+    >>> positions_line(["#_#", "#P#"])          # '#' is the most common: every other symbol
+    '_: row 1 col 2. P: row 2 col 2.'
+    """
+    if symbols is None:
+        counts = collections.Counter("".join(rows))
+        floor = counts.most_common(1)[0][0] if counts else ""
+        symbols = "".join(dict.fromkeys(c for c in "".join(rows) if c != floor))
+    found: dict[str, list[str]] = {}
+    for r, row in enumerate(rows, 1):
+        for c, ch in enumerate(row, 1):
+            if ch in symbols:
+                found.setdefault(ch, []).append(f"row {r} col {c}")
+    order = [s for s in symbols if s in found]
+    return " ".join(f"{s}: {', '.join(found[s])}." for s in order)
 
 
 def find_time_limit(env: gym.Env) -> int | None:
@@ -101,11 +123,18 @@ class TextEnv(gym.Wrapper):
     ``cell_separator`` goes between the cells of a row in the text (not in the game's state key):
     ``" "`` renders ``P _ _ O`` instead of ``P__O``, which a BPE tokenizer cuts into one token per
     cell (SmolLM2's merges ``__`` and ``___`` into single tokens, so a token's column is not its position).
+
+    ``positions=True`` adds one line under the grid that names where things are, rows and columns
+    counted from 1 at the top left: ``P: row 4 col 4. G: row 1 col 2. O: row 1 col 1, row 2 col 3.``
+    for the game's ``position_symbols`` (FrozenLake: everything but frozen floor; Sokoban: player,
+    boxes, targets), or, for a game that names none, every symbol but the grid's most common one.
+    It is a function of the grid, so the state key and GiGPO's anchors do not change; it is for
+    a small pretrained model that reads words and digits better than a 2-D layout of characters.
     """
 
     def __init__(
         self, env: gym.Env | str, *, format_penalty: float | None = None, cell_separator: str = "",
-        **make_kwargs: Any,
+        positions: bool = False, **make_kwargs: Any,
     ) -> None:
         if "\n" in cell_separator:
             raise ValueError(f"cell_separator must not contain a newline (rows are lines), got {cell_separator!r}")
@@ -119,11 +148,14 @@ class TextEnv(gym.Wrapper):
         self.max_steps: int | None = find_time_limit(self.env)
         self.format_penalty = float(game.default_format_penalty if format_penalty is None else format_penalty)
         self.cell_separator = str(cell_separator)
+        self.positions = bool(positions)
         h, w = game.observation_space.shape
-        self.observation_space = spaces.Text(
-            max_length=h * (w + 1 + (w - 1) * len(self.cell_separator)), min_length=1,
-            charset=frozenset(game.symbols + "\n" + self.cell_separator),
-        )
+        grid_chars = h * (w + 1 + (w - 1) * len(self.cell_separator))
+        charset = frozenset(game.symbols + "\n" + self.cell_separator)
+        if self.positions:  # "S: row R col C, " per cell at most, plus a ". " per symbol
+            charset |= frozenset(string.ascii_letters + string.digits + ":,. ")
+            grid_chars += 1 + h * w * (len("X: row 99 col 99, ")) + 2 * len(game.symbols)
+        self.observation_space = spaces.Text(max_length=grid_chars, min_length=1, charset=charset)
         self.action_space = spaces.Text(
             max_length=_MAX_ACTION_CHARS, min_length=0, charset=frozenset(string.printable)
         )
@@ -152,9 +184,10 @@ class TextEnv(gym.Wrapper):
 
     def grid_text(self) -> str:
         text = self.env.unwrapped.grid_text()  # one character per cell, rows joined by "\n"
-        if not self.cell_separator:
-            return text
-        return "\n".join(self.cell_separator.join(row) for row in text.split("\n"))
+        rows = text.split("\n")
+        out = "\n".join(self.cell_separator.join(row) for row in rows) if self.cell_separator else text
+        return out + "\n" + positions_line(rows, getattr(self.env.unwrapped, "position_symbols", None)) \
+            if self.positions else out
 
     # ------------------------------------------------------------------ gym API
     def reset(

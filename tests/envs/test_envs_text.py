@@ -170,3 +170,27 @@ def test_any_reply_sequence_steps_without_error(replies):
         assert info["action_valid"] == (env.parse_action(reply) is not None)
         if terminated or truncated:
             env.reset()
+
+
+def test_positions_name_where_things_are_and_leave_the_state_alone():
+    import doctest
+
+    from arl.envs import text
+
+    assert doctest.testmod(text).failed == 0
+    plain, located = TextEnv("arl/FrozenLake-v0", cell_separator=" "), TextEnv(
+        "arl/FrozenLake-v0", cell_separator=" ", positions=True)
+    obs, _ = plain.reset(seed=5)
+    obs_p, info = located.reset(seed=5)
+    grid, line = obs_p.rsplit("\n", 1)
+    assert grid == obs and line.startswith(("O:", "G:", "P:")) and "P: row " in line
+    rows = [r.replace(" ", "") for r in grid.split("\n")]
+    r, c = next((i + 1, row.index("P") + 1) for i, row in enumerate(rows) if "P" in row)
+    assert f"P: row {r} col {c}." in line
+    assert located.observation_space.contains(obs_p)
+    assert plain.env.unwrapped.state_key() == located.env.unwrapped.state_key()
+    obs_p, *_ = located.step("<answer>Down</answer>")
+    assert located.observation_space.contains(obs_p)
+    sok = TextEnv("arl/Sokoban-v0", positions=True)
+    obs_s, _ = sok.reset(seed=1)
+    assert "#:" not in obs_s.rsplit("\n", 1)[1] and "P: row" in obs_s
