@@ -69,7 +69,7 @@ class FrozenLakeEnv(gym.Env[np.ndarray, np.int64]):
     game_name = "frozen_lake"
     default_format_penalty = -0.01  # ROLL (docs/reference.md §1.3)
     symbols = SYMBOLS
-    position_symbols = SYMBOLS[1:]  # what TextEnv(positions=True) locates: all but frozen floor
+    position_symbols = "PX√GO"  # what TextEnv(positions=True) locates, player first: all but frozen floor
 
     def __init__(
         self,
