@@ -1,6 +1,6 @@
 """A training step beside its compute floor: the step's FLOPs at the matmul rate of this machine.
 
-    .venv/bin/python benchmarks/step_floor.py                   # SmolLM2-135M config, 3 steps (~15 min for 4 steps on 2 idle cores, measured 2026-12-03)
+    .venv/bin/python benchmarks/step_floor.py                   # SmolLM2-135M config, 3 steps (3 min for 4 steps in bf16 on 2 idle AVX512-BF16 cores, 2026-12-04; ~15 min in fp32 on AVX2)
     .venv/bin/python benchmarks/step_floor.py --quick           # tiny model, 1 step of 2x2 episodes (~1-2 min)
     .venv/bin/python benchmarks/step_floor.py --config configs/smollm2_frozenlake_gigpo.yaml --steps 4 \
         optim.precision=bf16 engine.dtype=bfloat16              # any config + dotted overrides (as `arl train`)
