@@ -144,7 +144,6 @@ async def test_evaluate_reports_the_validation_panel(tmp_path):
 @pytest.mark.parametrize(
     "override, words",
     [
-        ("algo.estimator=ppo", ["estimator", "grpo", "gigpo", "reinforce"]),
         ("rollout.mode=chat", ["mode", "traj", "step"]),
         ("engine.backend=tpu", ["backend", "vllm", "hf", "scripted"]),
         ("optim.lrr=0.1", ["lrr", "optim"]),
