@@ -91,7 +91,8 @@ def unreachable_paths(command: Sequence[str], cwd: str | os.PathLike[str] | None
     an existing path, ``cwd``) whose file or some directory above it others may not read/enter.
     Empty: nothing found in the way (the agent may still need paths no argument names)."""
     problems: list[str] = []
-    exe = shutil.which(command[0], path=path_env if path_env is not None else os.environ.get("PATH"))
+    search = path_env if path_env is not None else os.environ.get("PATH")
+    exe = shutil.which(command[0], path=search)
     if exe is None:
         return [f"{command[0]}: not found on PATH"]
     targets = [(exe, True)]
@@ -103,11 +104,11 @@ def unreachable_paths(command: Sequence[str], cwd: str | os.PathLike[str] | None
             if words:
                 targets.append((words[0], True))
                 if os.path.basename(words[0]) == "env" and len(words) > 1:
-                    found = shutil.which(words[1], path=path_env if path_env is not None else os.environ.get("PATH"))
+                    found = shutil.which(words[1], path=search)
                     targets.append((found or words[1], True))
     except OSError:
         pass
-    targets += [(arg, False) for arg in command[1:] if os.path.isabs(arg) or os.sep in arg if os.path.exists(arg)]
+    targets += [(arg, False) for arg in command[1:] if os.sep in arg and os.path.exists(arg)]
     if cwd is not None:
         targets.append((str(cwd), True))
     for path, execute in targets:

@@ -186,8 +186,9 @@ class TextEnv(gym.Wrapper):
         text = self.env.unwrapped.grid_text()  # one character per cell, rows joined by "\n"
         rows = text.split("\n")
         out = "\n".join(self.cell_separator.join(row) for row in rows) if self.cell_separator else text
-        return out + "\n" + positions_line(rows, getattr(self.env.unwrapped, "position_symbols", None)) \
-            if self.positions else out
+        if self.positions:
+            out += "\n" + positions_line(rows, getattr(self.env.unwrapped, "position_symbols", None))
+        return out
 
     # ------------------------------------------------------------------ gym API
     def reset(

@@ -37,6 +37,7 @@ from typing import Any
 
 EPISODES_FILE = "episodes.jsonl"
 INVALID = "(invalid)"
+STATE_SEED = 0  # the request seed of the per-state samples
 
 
 def eval_record(step: int, trajectories: Sequence[Any], *, keep: int,
@@ -64,7 +65,10 @@ async def state_action_counts(engine: Any, prompts: Sequence[tuple[str, Sequence
     as {"frame", "n", "counts": action -> count} (``"(invalid)"`` for a reply that parses to none)."""
     from arl.engine.base import SamplingParams
 
-    params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens)
+    # seeded: the samples draw nothing from the engine's generator, so recording them leaves the
+    # training rollouts' random stream (and the learning curves) as they were without it (as the
+    # canary's probe does); one seed for every evaluation, so their rows differ by the policy only
+    params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=STATE_SEED)
     out = []
     for frame, prompt_ids in prompts:
         gens = await engine.generate(list(prompt_ids), params)
@@ -105,5 +109,5 @@ def truncate_after(run_dir: str | Path, step: int) -> None:
         path.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows), encoding="utf-8")
 
 
-__all__ = ["EPISODES_FILE", "INVALID", "append_record", "eval_record", "read_episodes", "state_action_counts",
+__all__ = ["EPISODES_FILE", "INVALID", "STATE_SEED", "append_record", "eval_record", "read_episodes", "state_action_counts",
            "truncate_after"]

@@ -30,9 +30,9 @@ the intended pairing is a bf16 engine (``engine.dtype: bfloat16``) with a bf16 p
 multiplies bf16 matrices fast, else fp32, and an ``engine.dtype`` of ``policy`` follows it. Fast
 means a CUDA GPU that supports bf16, or a CPU with bf16 instructions (x86 ``avx512_bf16`` or
 ``amx_bf16``, ARM ``bf16``). The choice matters most on CPUs: on a 2-core AMD EPYC with
-AVX512-BF16 a 2048^2 bf16 matmul ran at 0.82 TFLOP/s against fp32's 0.19, and a SmolLM2 step in
-bf16 took 71 s where fp32 took ~2x that; on an AVX2-only CPU bf16 ran ~80x *slower* than fp32
-(0.0009 against 0.13 TFLOP/s), since torch then emulates it (`benchmarks/step_floor.py`,
+AVX512-BF16 a 2048^2 bf16 matmul ran at 0.86 TFLOP/s against fp32's 0.21 and a SmolLM2 step took
+46 s in bf16; on an AVX2-only CPU bf16 ran at 0.0009 TFLOP/s against fp32's 0.13 (~150x slower:
+torch emulates it there) and the step took 133 s in fp32 (`benchmarks/step_floor.py`,
 benchmarks/README.md "step floor").
 """
 

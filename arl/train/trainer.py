@@ -314,20 +314,20 @@ class Trainer:
         every, c = self.config.eval.every, self.config
         return self.step_count == c.steps or (every > 0 and self.step_count % every == 0)
 
-    async def evaluate(self, record: bool = True) -> dict[str, float]:
-        """The fixed validation panel at the eval temperature: success, valid actions, turns; with
-        ``record``, also a row of run_dir/episodes.jsonl (episodes, exits, per-state actions)."""
+    async def evaluate(self) -> dict[str, float]:
+        """The fixed validation panel at the eval temperature: success, valid actions, turns; and a
+        row of run_dir/episodes.jsonl (episodes, exits, per-state actions; `arl.train.episodes`)."""
         await self.setup()
         specs = self.groups.val_specs(num_seeds=self.config.eval.num_seeds)
         batch = await self.groups.run(self.val_manager, specs)
-        if record:
-            await self._record_episodes([e.trajectory for e in batch.episodes])
+        await self._record_episodes([e.trajectory for e in batch.episodes])
         return evaluation_metrics(batch.metrics)
 
     async def _record_episodes(self, trajectories: list[Any]) -> None:
         ev, manager = self.config.eval, self.val_manager.config
         if ev.record_episodes == 0:
             return
+
         def decode(ids: Any) -> str:  # as the managers read a reply (arl/rollout/base.py)
             return self.tokenizer.decode(ids, skip_special_tokens=True)
 

@@ -27,11 +27,12 @@ table{border-collapse:collapse;font-size:12px;background:#fff}td,th{border:1px s
 .note{color:#666;font-style:italic}
 .episodes{display:flex;flex-wrap:wrap;gap:8px}.episode{background:#fff;border:1px solid #ddd;border-radius:4px;padding:4px}
 .frames{display:flex;gap:4px;flex-wrap:wrap}.frame{border:1px solid #eee;padding:2px;font-size:11px}
-.frame pre{margin:0;font-size:11px;line-height:1.1}.win{color:#fff;background:#2ca02c;padding:0 4px;border-radius:3px}
-.loss{color:#fff;background:#d62728;padding:0 4px;border-radius:3px}.bad{color:#d62728}
+.frame pre{margin:0;font-size:11px;line-height:1.1}
 details>summary{cursor:pointer;font-weight:600;margin:6px 0}
 """
 WIN_COLOUR, LOSS_COLOUR = "#2ca02c", "#d62728"  # the badges a browser test looks for in the screenshot
+PAGE_CSS += (f".win{{color:#fff;background:{WIN_COLOUR};padding:0 4px;border-radius:3px}}"
+             f".loss{{color:#fff;background:{LOSS_COLOUR};padding:0 4px;border-radius:3px}}.bad{{color:{LOSS_COLOUR}}}\n")
 
 
 def _num(v: Any) -> float | None:

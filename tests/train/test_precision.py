@@ -42,7 +42,7 @@ def test_precision_is_validated_and_fp32_by_default():
     ("flags\t\t: fpu sse avx2 amx_tile amx_bf16", True),      # Intel Sapphire Rapids
     ("Features\t: fp asimd bf16 i8mm", True),                  # ARMv8.6
     ("flags\t\t: fpu sse avx2 avx512f avx512bw", False),      # AVX-512 without bf16: emulated
-    ("flags\t\t: fpu sse avx2 fma", False),                   # AVX2 only: bf16 ~80x slower than fp32
+    ("flags\t\t: fpu sse avx2 fma", False),                   # AVX2 only: bf16 ~150x slower than fp32
 ])
 def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(tmp_path, monkeypatch, flags, fast):
     cpuinfo = tmp_path / "cpuinfo"

@@ -81,7 +81,6 @@ async def test_the_demo_runs_report_renders_in_chromium_with_curves_and_episodes
          "--enable-logging=stderr", "--v=0", f"--screenshot={shot}", report.as_uri()],
         capture_output=True, text=True, timeout=120)
     assert shot.exists(), proc.stderr[-2000:]
-    shutil.copy(shot, os.environ.get("ARL_BROWSER_SHOT", tmp_path / "kept.png"))  # a look, where asked
     console = [line for line in proc.stderr.splitlines() if re.search(r":CONSOLE[:(]", line)]
     assert console == [], console
     image = Image.open(shot)
