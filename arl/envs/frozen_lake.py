@@ -70,6 +70,10 @@ class FrozenLakeEnv(gym.Env[np.ndarray, np.int64]):
     default_format_penalty = -0.01  # ROLL (docs/reference.md §1.3)
     symbols = SYMBOLS
     position_symbols = "PX√GO"  # what TextEnv(positions=True) locates, player first: all but frozen floor
+    action_deltas = _DIRECTIONS  # what TextEnv(surroundings=True) looks at, one per action name
+    player_symbols = "PX√"
+    goal_symbol = "G"
+    symbol_names = dict(zip(SYMBOLS, _LEGEND_NAMES, strict=True))
 
     def __init__(
         self,
@@ -202,4 +206,4 @@ class FrozenLakeEnv(gym.Env[np.ndarray, np.int64]):
         return self.grid_text()
 
     def symbol_legend(self) -> str:
-        return ", ".join(f"{s}: {name}" for s, name in zip(SYMBOLS, _LEGEND_NAMES, strict=True))
+        return ", ".join(f"{s}: {name}" for s, name in self.symbol_names.items())

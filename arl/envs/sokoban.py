@@ -201,6 +201,7 @@ class SokobanEnv(gym.Env[np.ndarray, np.int64]):
     game_name = "sokoban"
     default_format_penalty = -0.15  # ROLL trajectory mode (docs/reference.md §1.3)
     description = SOKOBAN_DESCRIPTION
+    action_deltas = _DIRECTIONS  # what TextEnv(surroundings=True) looks at, one per action name
 
     def __init__(
         self,
@@ -235,6 +236,8 @@ class SokobanEnv(gym.Env[np.ndarray, np.int64]):
         self.vocabulary = vocabulary
         self.symbols = VOCABULARIES[vocabulary]
         self.position_symbols = self.symbols[TARGET:]  # what TextEnv(positions=True) locates: not walls, floor
+        self.symbol_names = dict(zip(self.symbols, _LEGEND_NAMES, strict=True))  # for TextEnv(surroundings=True)
+        self.player_symbols = self.symbols[PLAYER] + self.symbols[PLAYER_ON_TARGET]
         self.render_mode = render_mode
         self.action_names = list(SokobanEnv.action_names)  # instance copy: callers may not mutate ours
         self.observation_space = spaces.Box(low=0, high=6, shape=(h, w), dtype=np.int8)
@@ -367,4 +370,4 @@ class SokobanEnv(gym.Env[np.ndarray, np.int64]):
         return "\n".join("".join(cells[i : i + w]) for i in range(0, len(cells), w))
 
     def symbol_legend(self) -> str:
-        return ", ".join(f"{s}: {name}" for s, name in zip(self.symbols, _LEGEND_NAMES, strict=True))
+        return ", ".join(f"{s}: {name}" for s, name in self.symbol_names.items())

@@ -70,6 +70,40 @@ def positions_line(rows: list[str], symbols: str | None = None) -> str:
     return " ".join(f"{s}: {', '.join(found[s])}." for s in order)
 
 
+def surroundings_line(rows: list[str], player: str, moves: dict[str, tuple[int, int]],
+                      names: dict[str, str], goal: str = "") -> str:
+    """What lies one move away in each direction, and how far the ``goal`` symbol is, in action names.
+
+    ``moves`` maps each action name to its (d_row, d_col); ``names`` maps a symbol to its word; a
+    move off the grid reads "edge". The goal's offset is spelled with the same action names (the
+    moves whose delta is one unit along an axis). Empty when no ``player`` symbol is on the grid.
+
+    >>> moves = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+    >>> names = {"_": "frozen", "O": "hole", "G": "goal", "P": "player"}
+    >>> surroundings_line(["P_", "OG"], "P", moves, names, goal="G")
+    'Left: edge. Down: hole. Right: frozen. Up: edge. Goal: Down 1, Right 1.'
+    >>> surroundings_line(["_G", "_P"], "P", moves, names, goal="G")
+    'Left: frozen. Down: edge. Right: edge. Up: goal. Goal: Up 1.'
+    """
+    at = next(((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in player), None)
+    if at is None:
+        return ""
+    parts = []
+    for action, (dr, dc) in moves.items():
+        r, c = at[0] + dr, at[1] + dc
+        inside = 0 <= r < len(rows) and 0 <= c < len(rows[r])
+        parts.append(f"{action}: {names.get(rows[r][c], rows[r][c]) if inside else 'edge'}.")
+    target = next(((r, c) for r, row in enumerate(rows) for c, ch in enumerate(row) if ch in goal), None)
+    if goal and target is not None:
+        unit = {delta: action for action, delta in moves.items()}  # (1, 0) -> "Down", ...
+        dr, dc = target[0] - at[0], target[1] - at[1]
+        steps = [(unit.get(delta), n) for delta, n in
+                 (((1 if dr > 0 else -1, 0), abs(dr)), ((0, 1 if dc > 0 else -1), abs(dc))) if n]
+        if steps and all(action is not None for action, _ in steps):
+            parts.append("Goal: " + ", ".join(f"{action} {n}" for action, n in steps) + ".")
+    return " ".join(parts)
+
+
 def find_time_limit(env: gym.Env) -> int | None:
     """max_episode_steps of the first TimeLimit in the wrapper stack (None when there is none)."""
     while isinstance(env, gym.Wrapper):
@@ -130,11 +164,19 @@ class TextEnv(gym.Wrapper):
     boxes, targets), or, for a game that names none, every symbol but the grid's most common one.
     It is a function of the grid, so the state key and GiGPO's anchors do not change; it is for
     a small pretrained model that reads words and digits better than a 2-D layout of characters.
+
+    ``surroundings=True`` adds a line saying what lies one move away under each action name and,
+    for a game with a ``goal_symbol``, the goal's offset in the same names:
+    ``Left: edge. Down: hole. Right: frozen. Up: edge. Goal: Down 2, Right 1.`` The game must
+    declare ``action_deltas`` (one (d_row, d_col) per action), ``player_symbols`` and
+    ``symbol_names``. Also a function of the grid: the state key does not change. It turns reading
+    the grid into reading words next to the action names, which SmolLM2-135M can learn and the
+    2-D grid alone it did not (docs/benchmarks.md, SmolLM2).
     """
 
     def __init__(
         self, env: gym.Env | str, *, format_penalty: float | None = None, cell_separator: str = "",
-        positions: bool = False, **make_kwargs: Any,
+        positions: bool = False, surroundings: bool = False, **make_kwargs: Any,
     ) -> None:
         if "\n" in cell_separator:
             raise ValueError(f"cell_separator must not contain a newline (rows are lines), got {cell_separator!r}")
@@ -149,12 +191,25 @@ class TextEnv(gym.Wrapper):
         self.format_penalty = float(game.default_format_penalty if format_penalty is None else format_penalty)
         self.cell_separator = str(cell_separator)
         self.positions = bool(positions)
+        self.surroundings = bool(surroundings)
+        if self.surroundings:
+            for attr in ("action_deltas", "player_symbols", "symbol_names"):
+                if not hasattr(game, attr):
+                    raise TypeError(f"surroundings=True needs the game's {attr!r}; {type(game).__name__} has none")
+            self._moves = dict(zip(self.action_names, (tuple(d) for d in game.action_deltas), strict=True))
         h, w = game.observation_space.shape
         grid_chars = h * (w + 1 + (w - 1) * len(self.cell_separator))
         charset = frozenset(game.symbols + "\n" + self.cell_separator)
         if self.positions:  # "S: row R col C, " per cell at most, plus a ". " per symbol
             charset |= frozenset(string.ascii_letters + string.digits + ":,. ")
             grid_chars += 1 + h * w * (len("X: row 99 col 99, ")) + 2 * len(game.symbols)
+        if self.surroundings:  # "Name: word. " per action, "Goal: Name 99, Name 99."
+            names = game.symbol_names
+            charset |= frozenset(string.ascii_letters + string.digits + ":,. " + "".join(self.action_names)
+                                 + "".join(names.values()))
+            word = max(len(w) for w in [*names.values(), "edge"])
+            grid_chars += 1 + sum(len(a) + word + 4 for a in self.action_names) + 6 + 2 * (
+                max(len(a) for a in self.action_names) + 5)
         self.observation_space = spaces.Text(max_length=grid_chars, min_length=1, charset=charset)
         self.action_space = spaces.Text(
             max_length=_MAX_ACTION_CHARS, min_length=0, charset=frozenset(string.printable)
@@ -188,6 +243,10 @@ class TextEnv(gym.Wrapper):
         out = "\n".join(self.cell_separator.join(row) for row in rows) if self.cell_separator else text
         if self.positions:
             out += "\n" + positions_line(rows, getattr(self.env.unwrapped, "position_symbols", None))
+        if self.surroundings:
+            game = self.env.unwrapped
+            out += "\n" + surroundings_line(rows, game.player_symbols, self._moves, game.symbol_names,
+                                           getattr(game, "goal_symbol", ""))
         return out
 
     # ------------------------------------------------------------------ gym API

@@ -194,3 +194,47 @@ def test_positions_name_where_things_are_and_leave_the_state_alone():
     sok = TextEnv("arl/Sokoban-v0", positions=True)
     obs_s, _ = sok.reset(seed=1)
     assert "#:" not in obs_s.rsplit("\n", 1)[1] and "P: row" in obs_s
+
+
+def test_surroundings_say_what_each_action_meets_and_where_the_goal_is():
+    plain = TextEnv("arl/FrozenLake-v0", cell_separator=" ")
+    looked = TextEnv("arl/FrozenLake-v0", cell_separator=" ", surroundings=True)
+    obs, _ = plain.reset(seed=5)
+    obs_s, _ = looked.reset(seed=5)
+    grid, line = obs_s.rsplit("\n", 1)
+    assert grid == obs and looked.observation_space.contains(obs_s)
+    rows = [r.replace(" ", "") for r in grid.split("\n")]
+    (pr, pc), (gr, gc) = ((next((i, row.index(s)) for i, row in enumerate(rows) if s in row)) for s in "PG")
+    words = dict(part.split(": ") for part in line.split(". ") if not part.startswith("Goal"))
+    names = {"_": "frozen", "O": "hole", "G": "goal"}
+    for action, (dr, dc) in zip(["Left", "Down", "Right", "Up"], [(0, -1), (1, 0), (0, 1), (-1, 0)]):
+        r, c = pr + dr, pc + dc
+        expected = names[rows[r][c]] if 0 <= r < 4 and 0 <= c < 4 else "edge"
+        assert words[action].rstrip(".") == expected
+    goal = line.split("Goal: ")[1].rstrip(".").split(", ")
+    assert sum(int(n) for _, n in (g.split() for g in goal)) == abs(gr - pr) + abs(gc - pc)
+    assert plain.env.unwrapped.state_key() == looked.env.unwrapped.state_key()
+    for reply in ["<answer>Down</answer>", "<answer>Right</answer>", "nonsense"]:
+        obs_s, *_ = looked.step(reply)
+        assert looked.observation_space.contains(obs_s)
+    sok = TextEnv("arl/Sokoban-v0", surroundings=True)
+    obs_k, _ = sok.reset(seed=1)
+    assert obs_k.rsplit("\n", 1)[1].startswith("Up: ") and "Goal" not in obs_k
+    with pytest.raises(TypeError, match="surroundings"):
+        TextEnv(_NoDeltas(), surroundings=True)
+
+
+class _NoDeltas(gym.Env):
+    """An arl game in every attribute but the moves' deltas."""
+
+    action_names = ["Left", "Right"]
+    game_name, description, symbols = "nodeltas", "a test game", "_P"
+    default_format_penalty = 0.0
+    observation_space = gym.spaces.Box(0, 1, (1, 2))
+    action_space = gym.spaces.Discrete(2)
+
+    def grid_text(self) -> str:
+        return "P_"
+
+    def symbol_legend(self) -> str:
+        return "_: floor, P: player"
