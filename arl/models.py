@@ -84,7 +84,12 @@ class TinySpec:
     init_std: float = 0.1  # large enough that greedy argmax is not a near-tie
 
     def key(self) -> str:
-        blob = json.dumps(attrs.asdict(self), sort_keys=True) + "|v4"
+        # The tokenizer is trained on every registered game's prompts (`_tokenizer_corpus`), so
+        # the game list is part of what determines the model: adding a game builds a new one.
+        from arl.envs import ENV_SPECS
+
+        games = json.dumps(sorted((k, v[0], v[1], sorted(v[2].items())) for k, v in ENV_SPECS.items()))
+        blob = json.dumps(attrs.asdict(self), sort_keys=True) + "|v4|" + games
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

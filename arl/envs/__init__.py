@@ -22,6 +22,7 @@ from typing import Any
 import gymnasium as gym
 
 from arl.envs.frozen_lake import FrozenLakeEnv
+from arl.envs.game import Game, check_game, register_game
 from arl.envs.sokoban import SokobanEnv
 from arl.envs.text import TextEnv, parse_answer
 from arl.envs.tools import ToolEnv
@@ -30,11 +31,14 @@ __all__ = [
     "ENV_SPECS",
     "TOOL_ENV_SPECS",
     "FrozenLakeEnv",
+    "Game",
     "SokobanEnv",
     "TextEnv",
     "ToolEnv",
+    "check_game",
     "parse_answer",
     "register_envs",
+    "register_game",
 ]
 
 _SOKOBAN = "arl.envs.sokoban:SokobanEnv"
@@ -62,7 +66,7 @@ def register_envs() -> None:
         if entry_point == _SOKOBAN:
             # The generator must know the limit so its backward search never exceeds it.
             kwargs = {**kwargs, "max_steps": max_steps}
-        gym.register(id=env_id, entry_point=entry_point, max_episode_steps=max_steps, kwargs=kwargs)
+        register_game(env_id, entry_point, max_episode_steps=max_steps, **kwargs)
     for env_id, (entry_point, max_steps) in TOOL_ENV_SPECS.items():
         if env_id not in gym.registry:
             # They count their own turns (the last one is evaluated) and step returns reply

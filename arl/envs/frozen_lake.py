@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from arl.envs.game import Game
 
 # Observation cell codes.
 FROZEN, HOLE, GOAL, PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = range(6)
@@ -52,7 +53,7 @@ def has_path(holes: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -
     return False
 
 
-class FrozenLakeEnv(gym.Env[np.ndarray, np.int64]):
+class FrozenLakeEnv(Game):
     """Reach the goal without falling into a hole; +1 at the goal, else 0.
 
     Observation: ``Box(0, 5, (size, size), int8)`` of cell codes (FROZEN ... PLAYER_ON_GOAL). The
@@ -201,9 +202,3 @@ class FrozenLakeEnv(gym.Env[np.ndarray, np.int64]):
     def grid_text(self) -> str:
         """The lake as text: one symbol per cell, rows joined by "\\n"."""
         return "\n".join("".join(SYMBOLS[c] for c in row) for row in self._obs().tolist())
-
-    def state_key(self) -> str:
-        return self.grid_text()
-
-    def symbol_legend(self) -> str:
-        return ", ".join(f"{s}: {name}" for s, name in self.symbol_names.items())

@@ -19,10 +19,11 @@ import itertools
 from collections.abc import Iterable
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import seeding
+
+from arl.envs.game import Game
 
 # Observation cell codes (the Box observation holds these, one per cell).
 WALL, EMPTY, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
@@ -178,7 +179,7 @@ def seeded_level(seed: int, params: tuple[int, ...]) -> tuple[Level, dict[str, A
     return generate_level(rng, *params), rng.bit_generator.state
 
 
-class SokobanEnv(gym.Env[np.ndarray, np.int64]):
+class SokobanEnv(Game):
     """Sokoban with `Discrete(4)` actions (0 Up, 1 Down, 2 Left, 3 Right).
 
     Observation: ``Box(0, 6, (h, w), int8)`` of cell codes (WALL ... PLAYER_ON_TARGET above).
@@ -368,6 +369,3 @@ class SokobanEnv(gym.Env[np.ndarray, np.int64]):
         w = self.dim_room[1]
         cells = [symbols[c] for c in self._obs().reshape(-1).tolist()]
         return "\n".join("".join(cells[i : i + w]) for i in range(0, len(cells), w))
-
-    def symbol_legend(self) -> str:
-        return ", ".join(f"{s}: {name}" for s, name in self.symbol_names.items())

@@ -20,6 +20,8 @@ import gymnasium as gym
 from gymnasium import spaces
 from gymnasium.wrappers import TimeLimit
 
+from arl.envs.game import check_game
+
 # The think block may hold anything except its own closing tag (so text after a first
 # </think> cannot hide inside it); the answer holds one word, surrounded by optional whitespace.
 _ANSWER_RE = re.compile(
@@ -182,9 +184,7 @@ class TextEnv(gym.Wrapper):
             raise ValueError(f"cell_separator must not contain a newline (rows are lines), got {cell_separator!r}")
         super().__init__(make_game(env, **make_kwargs))
         game = self.env.unwrapped
-        for attr in ("grid_text", "action_names", "game_name", "symbol_legend", "description"):
-            if not hasattr(game, attr):
-                raise TypeError(f"{type(game).__name__} is not an arl game (missing {attr!r})")
+        check_game(game)
         self.action_names: list[str] = list(game.action_names)
         self.game_name: str = game.game_name
         self.max_steps: int | None = find_time_limit(self.env)
@@ -193,7 +193,7 @@ class TextEnv(gym.Wrapper):
         self.positions = bool(positions)
         self.surroundings = bool(surroundings)
         if self.surroundings:
-            for attr in ("action_deltas", "player_symbols", "symbol_names"):
+            for attr in ("action_deltas", "player_symbols"):
                 if not hasattr(game, attr):
                     raise TypeError(f"surroundings=True needs the game's {attr!r}; {type(game).__name__} has none")
             self._moves = dict(zip(self.action_names, (tuple(d) for d in game.action_deltas), strict=True))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arl.envs import FrozenLakeEnv, SokobanEnv, TextEnv, parse_answer
+from arl.envs import FrozenLakeEnv, Game, SokobanEnv, TextEnv, parse_answer
 
 SOKOBAN_ACTIONS = ["Up", "Down", "Left", "Right"]
 LEVEL = "######\n#P___#\n#_X__#\n#____#\n#_O__#\n######"
@@ -207,7 +207,7 @@ def test_surroundings_say_what_each_action_meets_and_where_the_goal_is():
     (pr, pc), (gr, gc) = ((next((i, row.index(s)) for i, row in enumerate(rows) if s in row)) for s in "PG")
     words = dict(part.split(": ") for part in line.split(". ") if not part.startswith("Goal"))
     names = {"_": "frozen", "O": "hole", "G": "goal"}
-    for action, (dr, dc) in zip(["Left", "Down", "Right", "Up"], [(0, -1), (1, 0), (0, 1), (-1, 0)]):
+    for action, (dr, dc) in zip(["Left", "Down", "Right", "Up"], [(0, -1), (1, 0), (0, 1), (-1, 0)], strict=True):
         r, c = pr + dr, pc + dc
         expected = names[rows[r][c]] if 0 <= r < 4 and 0 <= c < 4 else "edge"
         assert words[action].rstrip(".") == expected
@@ -224,17 +224,14 @@ def test_surroundings_say_what_each_action_meets_and_where_the_goal_is():
         TextEnv(_NoDeltas(), surroundings=True)
 
 
-class _NoDeltas(gym.Env):
+class _NoDeltas(Game):
     """An arl game in every attribute but the moves' deltas."""
 
     action_names = ["Left", "Right"]
     game_name, description, symbols = "nodeltas", "a test game", "_P"
-    default_format_penalty = 0.0
+    symbol_names = {"_": "floor", "P": "player"}
     observation_space = gym.spaces.Box(0, 1, (1, 2))
     action_space = gym.spaces.Discrete(2)
 
     def grid_text(self) -> str:
         return "P_"
-
-    def symbol_legend(self) -> str:
-        return "_: floor, P: player"

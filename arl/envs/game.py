@@ -1,0 +1,81 @@
+"""Game: what a grid text game gives arl (the contract `TextEnv`, the warm-start and the tokenizer read).
+
+A game is a gymnasium env over a grid of symbols. To be trained on, it subclasses `Game` and
+provides, as class or instance attributes:
+
+- ``action_names``: what the model answers (``<answer>{name}</answer>``), in the order of the
+  env's ``Discrete`` actions. Any words: ``West/South/East/North`` or ``Push/Wait``; nothing in
+  arl assumes directions (the warm-start's teacher answers these names).
+- ``game_name``, ``description`` (the rules in prose, shown in the instructions) and
+  ``default_format_penalty`` (the reward added for an unparseable reply).
+- ``symbols``: every character ``grid_text()`` may contain, and ``symbol_names``: a word for each
+  (``{"_": "frozen", "O": "hole"}``), from which the legend is written.
+- ``grid_text()``: the state as text, one symbol per cell, rows joined by ``"\\n"``;
+  ``state_key()``: a hashable key of the full state (GiGPO's anchor key; the grid text unless
+  the text leaves something out); ``info["success"]`` at each step.
+- ``step(None)``: a no-op turn (the wrapper's move for an unparseable reply).
+
+Optional, for `TextEnv`'s extra lines: ``position_symbols`` (what ``positions=True`` locates);
+``action_deltas`` (one (d_row, d_col) per action), ``player_symbols`` and ``goal_symbol`` (what
+``surroundings=True`` looks at).
+
+`check_game` enforces the required part (`TextEnv` calls it); `register_game` registers an id
+in one call. A game outside ``arl/envs`` needs nothing else: tests/envs/test_game_contract.py
+trains two steps on one whose actions are not directions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+REQUIRED = ("action_names", "game_name", "description", "default_format_penalty", "symbols", "symbol_names",
+            "grid_text", "state_key", "symbol_legend")
+
+
+class Game(gym.Env):
+    """Base of arl's grid games: declares the contract in the module docstring, writes the legend."""
+
+    action_names: ClassVar[list[str]]
+    game_name: ClassVar[str]
+    description: str
+    default_format_penalty: ClassVar[float] = 0.0
+    symbols: str
+    symbol_names: dict[str, str]
+
+    def grid_text(self) -> str:
+        raise NotImplementedError
+
+    def state_key(self) -> str:
+        """GiGPO's anchor key: by default the grid text (override when the text hides state)."""
+        return self.grid_text()
+
+    def symbol_legend(self) -> str:
+        """``"_: frozen, O: hole, ..."``: one entry per symbol, in ``symbol_names``' order."""
+        return ", ".join(f"{s}: {name}" for s, name in self.symbol_names.items())
+
+
+def check_game(game: Any) -> None:
+    """Raise TypeError naming what ``game`` (an unwrapped env) lacks of the `Game` contract."""
+    missing = [attr for attr in REQUIRED if not hasattr(game, attr)]
+    if missing:
+        raise TypeError(f"{type(game).__name__} is not an arl game (missing {', '.join(map(repr, missing))}); "
+                        "subclass arl.envs.Game")
+    names = list(game.action_names)
+    if not names or len(set(names)) != len(names) or not all(isinstance(n, str) and n.strip() == n and n
+                                                             for n in names):
+        raise TypeError(f"{type(game).__name__}.action_names must be distinct non-empty words, got {names!r}")
+    unnamed = set(game.symbols) - set(game.symbol_names)
+    if unnamed:
+        raise TypeError(f"{type(game).__name__}.symbol_names has no word for {''.join(sorted(unnamed))!r}")
+
+
+def register_game(env_id: str, game: type[Game] | str, *, max_episode_steps: int, **kwargs: Any) -> None:
+    """Register ``env_id`` for ``game`` (a class or ``"module:Class"``) with a step limit; idempotent.
+
+    The step limit is gymnasium's TimeLimit, which is what makes an unparseable reply's wasted
+    turn count (docs/architecture.md §6).
+    """
+    if env_id not in gym.registry:
+        gym.register(id=env_id, entry_point=game, max_episode_steps=int(max_episode_steps), kwargs=kwargs)
