@@ -11,7 +11,7 @@ from __future__ import annotations
 from arl.agents.gym_runner import GymRunner, ToolCallRunner
 from arl.agents.process import PushModeRunner
 from arl.agents.pull import PullModeRunner
-from arl.agents.runner import STATUSES, AgentRunner, ChatClient, EpisodeResult
+from arl.agents.runner import STATE_KEY, STATUSES, AgentRunner, ChatClient, EpisodeResult, StepReport
 
-__all__ = ["STATUSES", "AgentRunner", "ChatClient", "EpisodeResult", "GymRunner", "PullModeRunner", "PushModeRunner",
-           "ToolCallRunner"]
+__all__ = ["STATE_KEY", "STATUSES", "AgentRunner", "ChatClient", "EpisodeResult", "GymRunner", "PullModeRunner",
+           "PushModeRunner", "StepReport", "ToolCallRunner"]

@@ -19,7 +19,7 @@ import abc
 import traceback
 from typing import Any
 
-from arl.agents.runner import AgentRunner, ChatClient, EpisodeResult
+from arl.agents.runner import AgentRunner, ChatClient, EpisodeResult, StepReport
 from arl.envs.prompts import (
     SYSTEM_PROMPT,
     compact_messages,
@@ -32,8 +32,7 @@ from arl.envs.prompts import (
 from arl.envs.text import TextEnv
 from arl.envs.tools import ToolEnv
 
-_INFO_KEYS = ("action", "action_valid", "action_effective", "success")
-STATE_KEY = "state"  # step_infos key: the raw observation the step's action was taken in (GiGPO's anchor)
+_INFO_KEYS = ("action_effective", "success")  # reported per step beside the state, action and validity
 
 
 class _Stop(Exception):
@@ -135,8 +134,7 @@ class _GameRunner(AgentRunner):
             raise _Stop("Failed", "env_error", _describe(exc)) from exc
 
     async def run_job(self, seed: int) -> EpisodeResult:
-        steps: list[float] = []
-        infos: list[dict[str, Any]] = []
+        steps: list[StepReport] = []
         metrics: dict[str, float] = {"num_turns": 0.0, "num_invalid": 0.0}
         info: dict[str, Any] = {}
         try:
@@ -160,8 +158,10 @@ class _GameRunner(AgentRunner):
                 assistant = self.assistant_message(reply)
                 messages.append(assistant)
                 observation, reward, terminated, truncated, info = await self._step(env, self.env_action(assistant))
-                steps.append(float(reward))
-                infos.append({**{k: info[k] for k in _INFO_KEYS if k in info}, STATE_KEY: state})
+                steps.append(StepReport(
+                    reward=float(reward), state=state, action=info.get("action"),
+                    action_valid=bool(info.get("action_valid", True)),
+                    info={k: info[k] for k in _INFO_KEYS if k in info}))
                 self.record_step(state, assistant, info, float(reward))
                 state = str(info.get("raw_obs", state))
                 metrics["num_turns"] += 1
@@ -174,14 +174,13 @@ class _GameRunner(AgentRunner):
                 else:
                     messages.extend(following)
         except _Stop as stop:
-            return EpisodeResult(
-                status=stop.status, score=sum(steps), step_scores=steps, exit_reason=stop.exit_reason,
-                success=bool(info.get("success", False)), metrics=metrics, error=stop.error, step_infos=infos,
+            return EpisodeResult.from_steps(
+                steps, status=stop.status, exit_reason=stop.exit_reason,
+                success=bool(info.get("success", False)), metrics=metrics, error=stop.error,
             )
-        return EpisodeResult(
-            status="Finished", score=sum(steps), step_scores=steps,
-            exit_reason="terminated" if terminated else "truncated",
-            success=bool(info.get("success", False)), metrics=metrics, step_infos=infos,
+        return EpisodeResult.from_steps(
+            steps, status="Finished", exit_reason="terminated" if terminated else "truncated",
+            success=bool(info.get("success", False)), metrics=metrics,
         )
 
     def _turn_limit(self, env_max_steps: int | None) -> int:

@@ -28,6 +28,34 @@ MAX_ERROR_CHARS = 1 << 16  # a longer error text is cut (kept: it is the agent's
 # |score| and |step score| at most this: finite, and far enough from float64's range that group
 # statistics (squares, sums over a batch) cannot overflow into inf and NaN advantages.
 MAX_ABS_SCORE = 1e9
+STATE_KEY = "state"  # the step_infos key naming the raw observation the step's action was taken in (GiGPO's anchor)
+StepAlignment = Literal["exact", "last_missing", "mismatch", "none"]
+
+
+@attrs.frozen
+class StepReport:
+    """One env step as a runner reports it: the k-th report belongs to the k-th model call.
+
+    ``state`` is the raw observation the action was taken in: GiGPO groups steps on it (a runner
+    that reports none gets the hash of the call's last user message, which may carry turn counters
+    and split equal states apart). ``info`` holds the other keys (``action_effective``, ``success``).
+    On the wire it is ``step_scores[k]`` and ``step_infos[k]`` of the `EpisodeResult`.
+    """
+
+    reward: float
+    state: str | None = None
+    action: str | None = None
+    action_valid: bool = True
+    info: dict[str, Any] = attrs.Factory(dict)
+
+    def to_info(self) -> dict[str, Any]:
+        """The ``step_infos`` entry of this report."""
+        out = {**self.info, "action_valid": self.action_valid}
+        if self.action is not None:
+            out["action"] = self.action
+        if self.state is not None:
+            out[STATE_KEY] = self.state
+        return out
 
 
 class ChatClient(Protocol):
@@ -56,6 +84,42 @@ class EpisodeResult:
     # Optional per-step env facts, aligned with step_scores (keys: action, action_valid,
     # action_effective, success); managers copy them onto their Turns for the rollout metrics.
     step_infos: list[dict[str, Any]] = attrs.Factory(list)
+
+    @classmethod
+    def from_steps(cls, steps: list[StepReport], **fields: Any) -> EpisodeResult:
+        """A result whose ``score`` is the sum of the steps' rewards (unless given) and whose
+        ``step_scores`` / ``step_infos`` are the reports, in model-call order."""
+        fields.setdefault("score", sum(s.reward for s in steps))
+        return cls(step_scores=[s.reward for s in steps], step_infos=[s.to_info() for s in steps], **fields)
+
+    def steps(self, n_calls: int) -> tuple[list[StepReport | None], StepAlignment]:
+        """The reports for ``n_calls`` model calls, one per call, and how they lined up.
+
+        A runner reports one step per model call; the last call's step may be missing (the env
+        crashed on it, or time ran out): ``"last_missing"``, that call gets None. Any other count,
+        or ``step_infos`` that is neither empty nor as long as ``step_scores``, is ``"mismatch"``:
+        every call gets None, because no call can be told its own step. ``"none"``: no calls.
+
+        >>> r = EpisodeResult(step_scores=[0.0, 1.0], step_infos=[{"state": "a"}, {"state": "b"}])
+        >>> [s.state for s in r.steps(2)[0]], r.steps(3)[1], r.steps(4)[1]
+        (['a', 'b'], 'last_missing', 'mismatch')
+        """
+        if n_calls == 0:
+            return [], "none"
+        scores, infos = list(self.step_scores), list(self.step_infos)
+        if len(scores) not in (n_calls, n_calls - 1) or len(infos) not in (0, len(scores)):
+            return [None] * n_calls, "mismatch"
+        reports: list[StepReport | None] = []
+        for k, reward in enumerate(scores):
+            info = dict(infos[k]) if infos else {}
+            state = info.pop(STATE_KEY, None)
+            action = info.pop("action", None)
+            reports.append(StepReport(
+                reward=float(reward), state=state if isinstance(state, str) else None,
+                action=action if isinstance(action, str) else None,
+                action_valid=bool(info.pop("action_valid", True)), info=info))
+        alignment: StepAlignment = "exact" if len(scores) == n_calls else "last_missing"
+        return reports + [None] * (n_calls - len(scores)), alignment
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import logging
 import secrets
 import traceback
 from collections.abc import Callable
@@ -37,8 +38,8 @@ from typing import Any, Literal
 import anyio
 import attrs
 
-from arl.agents.gym_runner import STATE_KEY, GymRunner
-from arl.agents.runner import AgentRunner, EpisodeResult
+from arl.agents.gym_runner import GymRunner
+from arl.agents.runner import AgentRunner, EpisodeResult, StepReport
 from arl.config import ManagerConfig
 from arl.intercept.client import InProcessClient
 from arl.intercept.handler import ChatHandler, SamplingDefaults
@@ -49,6 +50,8 @@ from arl.rollout.records import EXIT_REASONS, Sample, Trajectory, Turn
 from arl.rollout.runners import RunnerFactory, gym_runner
 
 Transport = Literal["inprocess", "http"]
+
+_log = logging.getLogger(__name__)
 
 
 def gym_runner_factory(config: ManagerConfig, runner_cls: type = GymRunner, **kwargs: Any) -> RunnerFactory:
@@ -128,6 +131,7 @@ class ProxyEnvManager(EnvManager):
         # (an SSL context) costs ~20 ms, which would dominate the per-episode cost.
         self._http_client: Any = None
         self._active: set[str] = set()
+        self.step_report_mismatches = 0  # episodes whose runner's step reports did not line up with its calls
 
     # -- lifecycle (only the HTTP transport holds resources) --------------------------------------
     async def _ensure_server(self) -> ProxyServer:
@@ -260,15 +264,19 @@ class ProxyEnvManager(EnvManager):
         spec, traj, tracker = state.spec, state.traj, state.tracker
         result = state.result
         requests = list(tracker.requests)
-        # A runner's steps follow its model calls one to one; the last call's step may be missing
-        # (the env crashed on it, or time ran out): that call gets reward 0.
+        # One step report per model call (`EpisodeResult.steps`); a count that cannot be lined up
+        # with the calls gives every call reward 0 and no state: said loudly, and counted per turn.
         n = len(requests)
-        scores = list(result.step_scores) if result is not None else []
-        aligned = n > 0 and len(scores) in (n, n - 1)
-        scores = scores + [0.0] * (n - len(scores)) if aligned else [0.0] * n
-        infos = list(result.step_infos) if result is not None else []
-        infos = infos if len(infos) in (n, n - 1) else []
-        traj.turns = [self._turn(r, scores[i], infos[i] if i < len(infos) else None) for i, r in enumerate(requests)]
+        reports, alignment = (result or EpisodeResult()).steps(n)
+        if alignment == "mismatch" and result is not None:
+            self.step_report_mismatches += 1
+            _log.warning(
+                "episode %s: the runner reported %d step scores and %d step infos for %d model calls "
+                "(expected %d or %d of each, or no infos): its steps get reward 0 and message-hash "
+                "GiGPO keys (%d such episodes so far)", spec.traj_id, len(result.step_scores),
+                len(result.step_infos), n, n, n - 1, self.step_report_mismatches)
+        aligned = alignment in ("exact", "last_missing")
+        traj.turns = [self._turn(r, reports[i], alignment) for i, r in enumerate(requests)]
         keyed = sum(1 for t in traj.turns if t.info.get("state_key") == "runner")
         common = {"seed": spec.seed, "tag": spec.tag, "num_turns": len(requests), "success": traj.success,
                   "num_branches": len(tracker.branches), "tracker": dict(tracker.stats),
@@ -290,24 +298,24 @@ class ProxyEnvManager(EnvManager):
         ]
 
     @staticmethod
-    def _turn(r: Request, reward: float, info: dict[str, Any] | None) -> Turn:
+    def _turn(r: Request, report: StepReport | None, alignment: str) -> Turn:
         """One model call as a Turn. Its GiGPO state key names the *state*: the raw observation the
-        runner reports for the step (``step_infos[i]["state"]``, as arl's runners do), hashed like
-        the step manager's; only for runners that report none, the hash of the call's latest
-        user/tool message (which may carry turn counters, splitting equal states apart)."""
-        info = dict(info or {})
-        observation = info.pop(STATE_KEY, None)
-        if isinstance(observation, str):
-            key, source = state_hash(observation), "runner"
+        runner reports for the step (`StepReport.state`, as arl's runners do), hashed like the step
+        manager's; only for runners that report none, the hash of the call's latest user/tool
+        message (which may carry turn counters, splitting equal states apart)."""
+        report = report or StepReport(reward=0.0)
+        if report.state is not None:
+            key, source = state_hash(report.state), "runner"
         else:
             key, source = r.prompt.state_hash, "message"
         return Turn(
-            observation=observation if isinstance(observation, str) else (r.prompt.observation or ""),
+            observation=report.state if report.state is not None else (r.prompt.observation or ""),
             prompt_ids=r.prompt.prompt_ids,  # the tracker's, not copied
-            response_ids=list(r.response_ids), response_logprobs=list(r.logprobs), reward=float(reward),
-            action=info.get("action"), action_valid=bool(info.get("action_valid", True)),
+            response_ids=list(r.response_ids), response_logprobs=list(r.logprobs), reward=report.reward,
+            action=report.action, action_valid=report.action_valid,
             state_hash=key, finish_reason=r.finish_reason, policy_version=r.policy_version,
-            info={**info, "branch": r.branch, "state_key": source},
+            info={**report.info, "action": report.action, "action_valid": report.action_valid,
+                  "branch": r.branch, "state_key": source, "step_report": alignment},
         )
 
     def _sample(self, spec: EpisodeSpec, traj: Trajectory, t: TrackedSample, *, score: float, step: int,

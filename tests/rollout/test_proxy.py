@@ -304,6 +304,48 @@ async def test_runner_without_states_falls_back_to_the_message_hash(scripted):
     assert episode.samples[0].info["state_keys_from_runner"] == 0
 
 
+async def test_step_reports_that_do_not_line_up_are_said_loudly_and_counted(scripted, caplog):
+    """Three step scores for two model calls: no call can be told its own step, so every turn
+    gets reward 0 and a message-hash key, with a warning naming the counts and a per-turn flag."""
+
+    class Overcounting:
+        def __init__(self, client, s):
+            self.inner = gym_runner_factory(ManagerConfig(max_tokens=24, max_turns=2))(client, s)
+
+        async def run_job(self, seed):
+            result = await self.inner.run_job(seed)
+            result.step_scores = [*result.step_scores, 0.25, 0.25][:3]
+            result.step_infos = [*result.step_infos, {}, {}][:3]
+            return result
+
+    manager = ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Overcounting, tracker_mode="step")
+    with caplog.at_level("WARNING", logger="arl.rollout.proxy"):
+        episode = await manager.run_episode(spec(seed=3))
+    turns = episode.trajectory.turns
+    assert len(turns) == 2 and all(t.reward == 0.0 and t.info["state_key"] == "message" for t in turns)
+    assert all(t.info["step_report"] == "mismatch" for t in turns)
+    assert manager.step_report_mismatches == 1
+    assert "3 step scores and 3 step infos for 2 model calls" in caplog.text
+    honest = await ProxyEnvManager(scripted, ManagerConfig(max_tokens=24, max_turns=2), tracker_mode="step").run_episode(
+        spec(seed=3))
+    assert all(t.info["step_report"] == "exact" and t.info["state_key"] == "runner" for t in honest.trajectory.turns)
+
+
+def test_step_reports_round_trip_through_the_wire_format():
+    import doctest
+
+    from arl.agents import EpisodeResult, StepReport
+    from arl.agents import runner as runner_mod
+
+    assert doctest.testmod(runner_mod).failed == 0
+
+    steps = [StepReport(reward=0.0, state="P_\n_G", action="Right", info={"success": False}),
+             StepReport(reward=1.0, state="_P\n_G", action="Down", info={"success": True})]
+    result = EpisodeResult.from_json(EpisodeResult.from_steps(steps, success=True).to_json())
+    assert result.score == 1.0 and result.steps(2) == (steps, "exact")
+    assert result.steps(3) == ([*steps, None], "last_missing") and result.steps(1)[1] == "mismatch"
+
+
 async def test_proxy_step_equals_the_step_manager(scripted):
     """GymRunner with step conversations through the step tracker is StepEnvManager, token for
     token: same samples, scores and anchor keys (so GiGPO's anchor groups agree too)."""
