@@ -31,11 +31,26 @@ Requests may overlap; each is answered as soon as the handler returns. Outcomes,
 - a malformed request frame -> an HTTP 400 (413 past `MAX_BODY`) response to the agent, which
   goes on; a header too broken to name its request is skipped (counted in ``stats``);
 - the runner's task cancelled -> the sandbox (the process group) killed.
+
+Tool commands (``tool_isolation``; docs/threat_model.md, "Pull-mode agents"): the agent runs its
+model's commands itself, in sandboxes of its own inside its sandbox, where bubblewrap does not
+nest. Under ``"uid"`` the runner gives each agent a block of uids other than its own
+(`arl.envs.bwrap.fresh_uid_block`; under bwrap the agent gets the power to switch to exactly
+those, `arl.envs.uid_delegation`), and every `arl.envs.sandbox.Sandbox` the agent makes runs its
+commands as one of them: a command cannot ptrace, signal or read ``/proc/<pid>/environ`` of the
+agent, and whatever is left under those uids dies with the episode (`reap_uids`). Commands the
+agent starts other than through a `Sandbox` run as the agent. It needs root, and a sandbox in
+which the agent can be given the uids (`delegation_problem`) or, under sandbox ``"none"``, the
+agent's command (its interpreter) and arl's source readable by other uids (`unreachable_paths`).
+``"auto"`` (the default) is ``"uid"`` where it can be and ``"none"`` otherwise, saying why once;
+``"uid"`` where it cannot raises ValueError with the reason. Every result carries
+``metrics["isolated_uid"]`` (1.0 or 0.0), set by the runner, whatever the agent reported.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -45,9 +60,11 @@ from typing import Any
 
 import anyio
 
+from arl.agents import process
 from arl.agents.pipe_transport import MAGIC, MAX_BODY, PIPE, TRANSPORT_ENV, header
-from arl.agents.process import INHERITED_ENV, STDERR_TAIL, agent_env
+from arl.agents.process import INHERITED_ENV, REAP_BOUND_S, STDERR_TAIL, agent_env, unreachable_paths
 from arl.agents.runner import AgentRunner, EpisodeResult
+from arl.envs.bwrap import bwrap_problem, delegation_problem, fresh_uid_block, reap_uids, release_uid_block
 from arl.envs.sandbox import ISOLATIONS, Sandbox, SandboxLimits
 
 # (method, path, body) -> (HTTP status, JSON body): the episode's handler behind a raw request.
@@ -78,6 +95,10 @@ class PullModeRunner(AgentRunner):
     and applies ``limits`` (default: CPU seconds = ``timeout_s``, `AGENT_MEMORY_BYTES` of address
     space, `AGENT_MAX_PROCS` processes, the sandbox's file-size limit); its PATH, HOME and TMPDIR
     replace the trainer's. ``isolation`` says what the last episode ran under.
+
+    ``tool_isolation`` (``"auto"``, ``"uid"``, ``"none"``: see the module docstring) says whether
+    the agent's tool commands run as uids other than its own; the chosen one is kept in
+    ``tool_isolation``.
     """
 
     def __init__(
@@ -92,6 +113,7 @@ class PullModeRunner(AgentRunner):
         sandbox: str | SandboxFactory = "auto",
         limits: SandboxLimits | None = None,
         exit_grace_s: float = 5.0,
+        tool_isolation: str = "auto",
     ) -> None:
         super().__init__(None, model)  # no client of its own: the agent's calls arrive over its pipes
         if not command:
@@ -112,8 +134,17 @@ class PullModeRunner(AgentRunner):
         self.returncode: int | None = None
         self.isolation: str | None = None  # what the last episode ran under ("bwrap", "none", ...)
         self.stats = {"requests": 0, "malformed_frames": 0}
+        self.tool_isolation, why = choose_tool_isolation(tool_isolation, sandbox, self.command)
+        if why is not None:
+            _warn_no_tool_uids(why)
 
     async def run_job(self, seed: int) -> EpisodeResult:
+        result = await self._run(seed)
+        # the runner's word, not the agent's (an agent may report any metrics it likes)
+        result.metrics = {**(result.metrics or {}), "isolated_uid": float(self.tool_isolation == "uid")}
+        return result
+
+    async def _run(self, seed: int) -> EpisodeResult:
         self.returncode = None
         box = self._sandbox()
         self.isolation = str(getattr(box, "isolation", "none"))
@@ -123,9 +154,13 @@ class PullModeRunner(AgentRunner):
             "ARL_SEED": str(seed), "ARL_MODEL": self.model,
         })
         output = _Tail(STDERR_TAIL)
+        tool_uids = fresh_uid_block() if self.tool_isolation == "uid" else None
         try:
             try:
-                proc = await box.spawn(self.command, env=env, limits=self.limits)
+                if tool_uids is None:  # a factory's sandbox need not know the keyword
+                    proc = await box.spawn(self.command, env=env, limits=self.limits)
+                else:
+                    proc = await box.spawn(self.command, env=env, limits=self.limits, tool_uids=tool_uids)
             except OSError as exc:  # no such program, not executable, ...
                 return EpisodeResult(status="Failed", exit_reason="agent_error",
                                      error=f"cannot start the agent {self.command[0]!r}: {exc}")
@@ -138,6 +173,9 @@ class PullModeRunner(AgentRunner):
         finally:
             with anyio.CancelScope(shield=True):  # kill and reap even while our task is being cancelled
                 await box.close()
+                if tool_uids is not None:  # what the tool commands left (a daemon) dies with the episode
+                    await reap_uids(tool_uids, REAP_BOUND_S)
+                    release_uid_block(tool_uids)
 
     def _sandbox(self) -> Any:
         if callable(self.sandbox):
@@ -231,6 +269,46 @@ class PullModeRunner(AgentRunner):
         return result
 
 
+def choose_tool_isolation(isolation: str, sandbox: str | SandboxFactory,
+                          command: Sequence[str]) -> tuple[str, str | None]:
+    """("uid" or "none", the reason "uid" was not possible or None) for the tool commands of the
+    agent ``command`` (`PullModeRunner`'s ``tool_isolation``) in a sandbox of kind ``sandbox``.
+    ``"uid"`` asked for and not possible raises ValueError with the reason; ``"auto"`` falls back
+    to ``"none"``."""
+    if isolation not in process.ISOLATIONS:
+        raise ValueError(f"tool_isolation={isolation!r} is not one of {', '.join(map(repr, process.ISOLATIONS))}")
+    if isolation == "none":
+        return "none", None
+    why = None
+    if os.geteuid() != 0:
+        why = "the trainer is not root, so it cannot give an agent's tool commands a uid other than the agent's"
+    elif callable(sandbox):
+        why = "the agent's sandbox comes from a factory of your own, which cannot be asked to set the uids up"
+    elif sandbox != "none" and bwrap_problem() is None:
+        # the agent runs under bwrap, which shows what it binds to every uid (its parents 0755)
+        problem = delegation_problem()
+        if problem is not None:
+            why = f"the agent cannot be given uids for its tool commands: {problem}"
+    else:  # the agent runs as root, unsandboxed: its commands see the host's permissions
+        problems = unreachable_paths([*command, *agent_paths()])
+        if problems:
+            why = ("another uid could not run the agent's interpreter or read arl's source for its tool commands: "
+                   + "; ".join(problems) + " (install them where others can read them, e.g. under /usr or /opt, "
+                   "or run the agent in the bwrap sandbox)")
+    if why is None:
+        return "uid", None
+    if isolation == "uid":
+        raise ValueError(f"tool_isolation='uid': {why}")
+    return "none", why
+
+
+@functools.cache
+def _warn_no_tool_uids(why: str) -> None:
+    _log.warning("pull-mode agents get no uids for their tool commands: a command its sandbox runs as the "
+                 "agent's uid (isolation 'none', as under the bwrap sandbox) can ptrace, signal and read the "
+                 "environment of the agent, and so make it report what it likes: %s", why)
+
+
 def agent_paths() -> tuple[str, ...]:
     """What a sandboxed Python agent must read besides this interpreter (`Sandbox(python=True)`):
     arl's own source (an editable install points there) and the ``PYTHONPATH`` entries."""
@@ -301,4 +379,5 @@ def _close(writer: asyncio.StreamWriter | None) -> None:
             pass
 
 
-__all__ = ["AGENT_MAX_PROCS", "AGENT_MEMORY_BYTES", "API_KEY", "BASE_URL", "PullModeRunner", "Respond", "agent_paths"]
+__all__ = ["AGENT_MAX_PROCS", "AGENT_MEMORY_BYTES", "API_KEY", "BASE_URL", "PullModeRunner", "Respond", "agent_paths",
+           "choose_tool_isolation"]

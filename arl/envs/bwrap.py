@@ -18,7 +18,8 @@ stays in the init user namespace and the command drops (`setpriv_argv`) to a uid
 (`fresh_uid`). No other process has that uid, so the process limit counts the sandbox's processes
 alone, and `reap_uid` can find (and kill) every process a command left behind: bwrap can return
 (killed, and now and then after an ordinary exit) while the kernel still tears its PID namespace
-down.
+down. A pull-mode agent's own sandboxes take their uids from a block the trainer gave it
+(`fresh_uid_block`, `arl.envs.uid_delegation`), so its tool commands never run as the agent.
 """
 
 from __future__ import annotations
@@ -27,15 +28,18 @@ import asyncio
 import contextlib
 import functools
 import glob
+import itertools
 import os
 import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from arl.envs import uid_delegation
 from arl.envs.seccomp import filter_fd, no_keyring_filter
 
 SANDBOX_CWD = "/workspace"  # where the work dir appears inside bwrap (fixed: outputs do not name temp dirs)
@@ -43,6 +47,11 @@ _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives",
         "localtime", "python3*")
 _PROBE_UID = 65534  # nobody: the uid drop bwrap_problem tries
+# Pull-mode agents' blocks of tool uids: in [2**25, 2**26), apart from every sandbox's own uid
+# (`fresh_uid`: below 2**25), so an agent's uid never falls into another agent's block.
+TOOL_UID_BASE, TOOL_UID_BLOCK = 1 << 25, 256
+_blocks_held: set[int] = set()  # the blocks this process has given out and not yet released
+_next_in_block = itertools.count()
 
 
 def python_paths() -> tuple[Path, ...]:
@@ -64,8 +73,28 @@ def python_links() -> tuple[tuple[str, str], ...]:
 
 
 def fresh_uid() -> int:
-    """A uid for one sandbox, far above any real account's (2**24 <= uid < 2**25)."""
+    """A uid for one sandbox, far above any real account's (2**24 <= uid < 2**25). In a process
+    given a block of uids (a pull-mode agent: `arl.envs.uid_delegation.delegated_uids`), the next
+    uid of that block instead: the only ones it may switch to. Taken in turn, so two sandboxes of
+    the agent share a uid only when it holds more than `TOOL_UID_BLOCK` at once."""
+    block = uid_delegation.delegated_uids()
+    if block is not None:
+        return block[next(_next_in_block) % len(block)]
     return (1 << 24) + secrets.randbelow(1 << 24)
+
+
+def fresh_uid_block() -> range:
+    """`TOOL_UID_BLOCK` uids for one pull-mode agent's tool commands, none of them a `fresh_uid`
+    of a sandbox nor in another block this process holds; `release_uid_block` when it is done."""
+    while True:
+        first = TOOL_UID_BASE + TOOL_UID_BLOCK * secrets.randbelow(TOOL_UID_BASE // TOOL_UID_BLOCK)
+        if first not in _blocks_held:
+            _blocks_held.add(first)
+            return range(first, first + TOOL_UID_BLOCK)
+
+
+def release_uid_block(uids: range) -> None:
+    _blocks_held.discard(uids.start)
 
 
 def setpriv_argv(uid: int) -> list[str]:
@@ -131,7 +160,7 @@ def bwrap_problem() -> str | None:
 def bwrap_argv(
     workdir: Path, env: Mapping[str, str], *, read_only: Sequence[Path], hide: Sequence[Path],
     uid: int | None, also_read_only: Sequence[Path] = (), links: Sequence[tuple[str, str]] = (),
-    tmp_bytes: int | None = None, seccomp_fd: int | None = None,
+    tmp_bytes: int | None = None, seccomp_fd: int | None = None, drop: Sequence[str] | None = None,
 ) -> list[str]:
     """The bwrap argv a sandbox puts in front of a command (see the module docstring).
 
@@ -140,7 +169,8 @@ def bwrap_argv(
     the uid to drop to (as root), None to stay the calling user (bwrap's user namespace);
     ``links``: (target, link) symlinks to make (`python_links`), skipped where the link's place is
     already visible; ``tmp_bytes``: the size of ``/tmp``; ``seccomp_fd``: the keyring filter
-    (`arl.envs.seccomp`), an fd the bwrap process inherits.
+    (`arl.envs.seccomp`), an fd the bwrap process inherits; ``drop``: the argv that drops to
+    ``uid`` (default `setpriv_argv`; `arl.envs.uid_delegation.delegate_argv` for a pull-mode agent).
     """
     argv = _base_argv(uid is not None, tmp_bytes, seccomp_fd)
     made: set[Path] = {Path(p) for p in ("/", "/tmp", "/proc", "/dev", "/etc", *_ROOT_LINKS)}
@@ -171,24 +201,60 @@ def bwrap_argv(
     for key, value in env.items():
         argv += ["--setenv", key, value]
     if uid is not None:
-        argv += setpriv_argv(uid)
+        argv += setpriv_argv(uid) if drop is None else list(drop)
     return argv
+
+
+@functools.cache
+def delegation_problem() -> str | None:
+    """None when, as root, a process in a sandbox can be given a block of tool uids
+    (`arl.envs.uid_delegation`: it needs user namespaces; probed once per process, by running
+    ``true`` as a block uid from a delegated uid in a sandbox), else why not."""
+    problem = bwrap_problem()
+    if problem is not None:
+        return problem
+    if os.geteuid() != 0:
+        return "the trainer is not root"
+    block = fresh_uid_block()
+    workdir = tempfile.mkdtemp(prefix="arl-delegate-probe-")
+    program = no_keyring_filter()
+    fd = filter_fd(program) if program is not None else None
+    try:
+        python = os.path.realpath(sys.executable)
+        shown = [*python_paths(), Path(uid_delegation.__file__).resolve().parent]
+        argv = bwrap_argv(Path(workdir), {"PATH": "/usr/bin:/bin"}, read_only=shown, hide=(), uid=_PROBE_UID,
+                          seccomp_fd=fd, drop=uid_delegation.delegate_argv(python, _PROBE_UID, block))
+        probe = subprocess.run([*argv, *setpriv_argv(block[0]), "true"], capture_output=True, timeout=30, env={},
+                               pass_fds=() if fd is None else (fd,))
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"a sandboxed process cannot be given tool uids: {exc}"
+    finally:
+        if fd is not None:
+            os.close(fd)
+        os.rmdir(workdir)
+        release_uid_block(block)
+    if probe.returncode != 0:
+        return f"a sandboxed process cannot be given tool uids: {probe.stderr.decode(errors='replace').strip()}"
+    return None
 
 
 # -- the processes of a uid ------------------------------------------------------------------------
 
 
-def uid_processes(uid: int) -> int:
-    """How many processes of ``uid`` the kernel lists now (zombies included), from ``/proc``.
+def _process_uids() -> Iterator[int]:
+    """The uid of every process the kernel lists now (zombies included), from ``/proc``.
 
     One ``stat`` per process on the host: about 5 us each (0.5 ms at 80 processes).
     """
-    count = 0
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):  # the process ended between the listing and the stat
-                count += entry.stat().st_uid == uid
-    return count
+                yield entry.stat().st_uid
+
+
+def uid_processes(uid: int) -> int:
+    """How many processes of ``uid`` the kernel lists now (zombies included)."""
+    return sum(u == uid for u in _process_uids())
 
 
 async def kill_uid(uid: int) -> None:
@@ -222,5 +288,13 @@ async def reap_uid(uid: int, bound_s: float) -> int:
     return left
 
 
-__all__ = ["SANDBOX_CWD", "bwrap_argv", "bwrap_problem", "fresh_uid", "kill_uid", "python_links", "python_paths", "reap_uid",
+async def reap_uids(uids: range, bound_s: float) -> int:
+    """`reap_uid` for each uid of ``uids`` that has a process now (one scan finds them: a block of
+    256 costs what one uid does). Returns how many processes are left."""
+    present = sorted({u for u in _process_uids() if u in uids})
+    return sum([await reap_uid(uid, bound_s) for uid in present])
+
+
+__all__ = ["SANDBOX_CWD", "TOOL_UID_BLOCK", "bwrap_argv", "bwrap_problem", "delegation_problem", "fresh_uid",
+           "fresh_uid_block", "kill_uid", "python_links", "python_paths", "reap_uid", "reap_uids", "release_uid_block",
            "setpriv_argv", "uid_processes"]

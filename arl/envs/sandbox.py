@@ -23,8 +23,12 @@ Isolation (``Sandbox.isolation`` says which is in force):
   interpreter's real prefixes are bound (a venv that is a symlink to another folder included) and
   ``PATH`` names the real one. The command lines are built in `arl.envs.bwrap`.
 - ``"none"``: the fallback when bwrap is absent or cannot start (no user namespaces). Commands
-  run as plain subprocesses in their own process group, in the work dir, with the same limits.
-  What is lost (also listed, for the instance in force, in ``Sandbox.lost``):
+  run as plain subprocesses in their own process group, in the work dir, with the same limits,
+  as the calling user; in a process given a block of tool uids (a pull-mode agent:
+  `arl.envs.uid_delegation`), as a uid of that block instead (``setpriv``; the sandbox's own, as
+  under bwrap as root, its leftovers killed by uid), so they cannot ptrace, signal or read the
+  environment of the process that runs them. What is lost (also listed, for the instance in
+  force, in ``Sandbox.lost``):
 
   ============================  ==================================================================
   lost without bwrap            consequence
@@ -89,6 +93,7 @@ from arl.envs.bwrap import (
     python_links,
     python_paths,
     reap_uid,
+    setpriv_argv,
     uid_processes,
 )
 from arl.envs.capped_output import CappedOutput
@@ -96,6 +101,7 @@ from arl.envs.cgroups import Cgroup, cgroup_problem
 from arl.envs.hostfs import remove_tree
 from arl.envs.rlimits import SandboxLimits, limits_prefix
 from arl.envs.seccomp import filter_fd, no_keyring_filter
+from arl.envs.uid_delegation import PROGRAM, TOOL_UIDS_ENV, delegate_argv, delegated_uids, format_uids
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +145,13 @@ def _warn_fallback(reason: str) -> None:
                 "as this user; see arl.envs.sandbox for what is lost", reason)
 
 
-def _setup_error(stderr: str) -> str | None:
-    """bwrap's or the limits wrapper's own failure (the command never ran), from its stderr."""
+def _setup_error(stderr: str, exit_code: int | None) -> str | None:
+    """bwrap's, the uid drop's or the limits wrapper's own failure (the command never ran), from
+    its stderr and exit code."""
     first = stderr.split("\n", 1)[0]
-    return first if first.startswith(("bwrap: ", "arl-limits: ")) else None
+    if exit_code == 1 and first.startswith(("bwrap: ", "arl-limits: ", "arl-delegate: ")):
+        return first
+    return first if exit_code == 127 and first.startswith("setpriv: ") else None
 
 
 def _signal_of(returncode: int) -> int | None:
@@ -188,8 +197,12 @@ class Sandbox:
             dict.fromkeys(Path(p).resolve(strict=True) for p in [*read_only, *(python_paths() if python else ())]))
         self.hide: tuple[Path, ...] = tuple(Path(p).resolve() for p in hide)
         root = os.geteuid() == 0
-        # A fresh uid per sandbox (as root, bwrap): its process count is the sandbox's alone.
-        self.uid: int | None = fresh_uid() if root and self.isolation == "bwrap" else None
+        # A fresh uid per sandbox: as root under bwrap (its process count is the sandbox's alone),
+        # and under "none" in a process given tool uids (a pull-mode agent: its commands then
+        # cannot ptrace, signal or read the environment of the agent; docs/threat_model.md).
+        delegated = delegated_uids() is not None
+        self.uid: int | None = (fresh_uid() if (root and self.isolation == "bwrap")
+                                or (delegated and self.isolation == "none") else None)
         self.workdir: Path = Path(tempfile.mkdtemp(prefix="arl-sandbox-"))
         # Whole-sandbox bounds (see arl.envs.rlimits): a work dir of bounded size, a cgroup.
         self.workdir_mounted = root and _tmpfs_works() and _mount_tmpfs(self.workdir, limits.disk_bytes)
@@ -202,7 +215,7 @@ class Sandbox:
         lost = list(_LOST_WITHOUT_BWRAP) if self.isolation != "bwrap" else []
         if self.isolation == "bwrap" and self._seccomp is None:
             lost.append("session keyring")
-        if root and self.isolation != "bwrap" and self.cgroup is None:
+        if root and self.isolation != "bwrap" and self.cgroup is None and self.uid is None:
             lost.append("process limit")
         if self.cgroup is None:
             lost.append("whole-sandbox memory limit")  # RLIMIT_AS binds each process alone
@@ -269,7 +282,7 @@ class Sandbox:
         if output.over.is_set():
             status = "output_limit"
         stderr = output.text("stderr")
-        error = _setup_error(stderr) if status == "ok" and exit_code == 1 else None
+        error = _setup_error(stderr, exit_code) if status == "ok" else None
         result = CommandResult(
             "error" if error else status, exit_code, output.text("stdout"), stderr, output.truncated,
             time.monotonic() - start, output_bytes=output.seen, signal=fatal, error=error,
@@ -279,22 +292,38 @@ class Sandbox:
 
     async def spawn(
         self, argv: Sequence[str], *, env: Mapping[str, str], limits: SandboxLimits | None = None,
+        tool_uids: range | None = None,
     ) -> asyncio.subprocess.Process:
         """A long-running process (an agent) in the sandbox: pipes for stdin/stdout/stderr, its
-        own process group, the CPU/memory/file/process limits (wall time is the caller's)."""
-        return await self._start(list(argv), {**self.env, **env}, limits or self.limits, (),
-                                 stdin=asyncio.subprocess.PIPE)
+        own process group, the CPU/memory/file/process limits (wall time is the caller's).
+
+        ``tool_uids`` (as root; `arl.envs.bwrap.fresh_uid_block`): the uids the process's own
+        sandboxes run their commands as, never its own. Under bwrap it runs as the sandbox's uid in
+        a user namespace that maps only that uid and these, with the capabilities to switch to them
+        (`arl.envs.uid_delegation`); under "none" it stays root, which can switch anyway. Either
+        way `TOOL_UIDS_ENV` in its environment names them."""
+        extra: tuple[Path, ...] = ()
+        if tool_uids is not None:
+            if os.geteuid() != 0:
+                raise ValueError("only root can give a process uids of its own for its commands")
+            env = {**env, TOOL_UIDS_ENV: format_uids(tool_uids)}
+            extra = (*python_paths(), Path(PROGRAM).parent)  # what the drop runs, as root, in there
+        return await self._start(list(argv), {**self.env, **env}, limits or self.limits, extra,
+                                 stdin=asyncio.subprocess.PIPE, tool_uids=tool_uids)
 
     async def _start(self, argv: list[str], env: dict[str, str], limits: SandboxLimits,
-                     read_only: Sequence[str | Path], *, stdin: int) -> asyncio.subprocess.Process:
+                     read_only: Sequence[str | Path], *, stdin: int,
+                     tool_uids: range | None = None) -> asyncio.subprocess.Process:
         if self._finalizer is not None and not self._finalizer.alive:
             raise OSError("the sandbox is closed")
         seccomp_fd = filter_fd(self._seccomp) if self._seccomp is not None else None
         if self.isolation == "bwrap":
-            full = self._bwrap_argv(env, read_only, limits, seccomp_fd) + limits_prefix(limits) + argv
+            drop = (delegate_argv(os.path.realpath(sys.executable), self.uid, tool_uids)
+                    if tool_uids is not None and self.uid is not None else None)
+            full = self._bwrap_argv(env, read_only, limits, seccomp_fd, drop) + limits_prefix(limits) + argv
             kwargs: dict[str, Any] = {"env": {}, "pass_fds": () if seccomp_fd is None else (seccomp_fd,)}
         else:
-            full = limits_prefix(limits, uid_processes(os.getuid()) if os.geteuid() != 0 else 0) + argv
+            full = self._none_argv(limits) + argv
             kwargs = {"env": env, "cwd": self.workdir}
         if self.cgroup is not None:
             full = self.cgroup.join_prefix() + full
@@ -314,13 +343,21 @@ class Sandbox:
         return proc
 
     def _bwrap_argv(self, env: Mapping[str, str], read_only: Sequence[str | Path], limits: SandboxLimits,
-                    seccomp_fd: int | None) -> list[str]:
+                    seccomp_fd: int | None, drop: Sequence[str] | None = None) -> list[str]:
         return bwrap_argv(self.workdir, env, read_only=self.read_only, hide=self.hide, uid=self.uid,
                           also_read_only=[Path(p).resolve() for p in read_only], links=self._links,
-                          tmp_bytes=limits.tmp_bytes, seccomp_fd=seccomp_fd)
+                          tmp_bytes=limits.tmp_bytes, seccomp_fd=seccomp_fd, drop=drop)
+
+    def _none_argv(self, limits: SandboxLimits) -> list[str]:
+        """Isolation "none": the uid drop (when the sandbox has a uid), then the limits. Dropped,
+        the process limit counts the sandbox's uid alone; otherwise the caller's processes too."""
+        if self.uid is not None:
+            return setpriv_argv(self.uid) + limits_prefix(limits)
+        return limits_prefix(limits, uid_processes(os.getuid()) if os.geteuid() != 0 else 0)
 
     async def _reap(self) -> None:
-        """As root under bwrap: return once no process of the sandbox's uid is left (`reap_uid`:
+        """With a uid of its own (as root under bwrap; under "none" in a process given tool uids):
+        return once no process of the sandbox's uid is left (`reap_uid`:
         killed, then waited for, at most `reap_s`; what is left then is logged, never raised).
 
         bwrap can return while the kernel still tears the command's PID namespace down (after a
@@ -346,7 +383,7 @@ class Sandbox:
     def command_line(self, command: str) -> str:
         """The full host command line `run` would start (for logs and debugging)."""
         argv = (self._bwrap_argv(self.env, (), self.limits, 3 if self._seccomp is not None else None)
-                if self.isolation == "bwrap" else []) + limits_prefix(self.limits)
+                + limits_prefix(self.limits) if self.isolation == "bwrap" else self._none_argv(self.limits))
         argv = (self.cgroup.join_prefix() if self.cgroup is not None else []) + argv
         return shlex.join([*argv, "bash", "-c", command])
 
@@ -386,8 +423,8 @@ class Sandbox:
                 os.killpg(proc.pid, signal.SIGKILL)
 
     async def kill(self) -> None:
-        """Kill every process this sandbox started (each one's process group; as root under
-        bwrap, every process of its uid, waited for as in `run`)."""
+        """Kill every process this sandbox started (each one's process group; with a uid of its
+        own, every process of that uid, waited for as in `run`)."""
         procs, self._procs = list(self._procs), set()
         for proc in procs:
             self._kill(proc)

@@ -75,9 +75,10 @@ async def test_deeply_nested_request_body_is_a_400_and_the_session_goes_on():
         status = request(b"[" * 100_000)
         end(b'{"score": 0.25, "metrics": {"status": %d}}' % status)
     """
-    result = await runner(body, responder(NoClient())).run_job(0)
+    pull = runner(body, responder(NoClient()))
+    result = await pull.run_job(0)
     assert (result.status, result.score) == ("Finished", 0.25), result.error
-    assert result.metrics == {"status": 400.0}
+    assert result.metrics == {"status": 400.0, "isolated_uid": float(pull.tool_isolation == "uid")}
 
 
 # -- class 9: pull-mode BugFix has no hidden tests -------------------------------------------------

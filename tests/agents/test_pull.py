@@ -123,7 +123,8 @@ async def test_stock_clients_over_the_pipes_in_the_sandbox(tiny_tokenizer):
     assert (result.status, result.success) == ("Finished", True), result.error
     assert runner.isolation in ("bwrap", "none")
     assert result.metrics == {"network": 0.0 if runner.isolation == "bwrap" else 1.0, "sync_ok": 1.0,
-                              "bad_request": 400.0, "models": 1.0, "async_calls": 3.0, "tool_sandbox": 1.0}
+                              "bad_request": 400.0, "models": 1.0, "async_calls": 3.0, "tool_sandbox": 1.0,
+                              "isolated_uid": float(runner.tool_isolation == "uid")}
     assert runner.stats == {"requests": 6, "malformed_frames": 0}
     assert len(tracker.requests) == 4  # the 1 + 3 good calls reached the handler; the 400 and /models not
     assert handler.calls == 4

@@ -95,7 +95,8 @@ async def test_malformed_frames_get_error_responses_and_the_session_goes_on(tiny
     result = await runner.run_job(0)
     assert (result.status, result.score) == ("Finished", 0.5), result.error
     assert result.metrics == {"bad_json": 400, "short_header": 400, "too_large": 413, "unknown_route": 404,
-                              "wrong_method": 405, "good": 200, "good_id": 6, "answer": 1}
+                              "wrong_method": 405, "good": 200, "good_id": 6, "answer": 1,
+                              "isolated_uid": float(runner.tool_isolation == "uid")}
     assert runner.stats == {"requests": 5, "malformed_frames": 2}
     assert len(tracker.requests) == 1  # only the good call reached the handler
 
