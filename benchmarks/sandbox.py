@@ -8,7 +8,9 @@ variants interleaved A/B/C in a rotating order, so load drifts hit them alike):
 
 - ``true`` and ``python -c pass``: `asyncio.create_subprocess_exec("bash", "-c", ...)` with pipes
   (plain), `Sandbox.run` with isolation "none" (the limits wrapper, pipes read under the output
-  cap) and with "bwrap" (new namespaces per command, binds, the uid drop as root);
+  cap), with "none" in a pull-mode agent given tool uids (as root: each command dropped with
+  ``setpriv`` to a uid of the block, its leftovers reaped by uid; `arl.envs.uid_delegation`) and
+  with "bwrap" (new namespaces per command, binds, the uid drop as root);
 - start-up: `Sandbox(...)` + `close()` (work dir made, chowned, removed; bwrap's probe is cached);
 - bug-fix evaluation: `BugFixEnv.reset` + ``submit()`` (the hidden tests run in the sandbox).
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import statistics
 import sys
 import time
@@ -29,9 +33,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import result_path, table, write_result  # noqa: E402
 
 from arl.envs.bugfix import BugFixEnv, assistant_message  # noqa: E402
+from arl.envs.bwrap import fresh_uid_block  # noqa: E402
 from arl.envs.sandbox import Sandbox, SandboxLimits, bwrap_problem  # noqa: E402
+from arl.envs.uid_delegation import TOOL_UIDS_ENV, format_uids  # noqa: E402
 
-COMMANDS = {"true": "true", "python -c pass": f"{sys.executable} -c pass"}
+TOOL_UID = "none (tool uid)"  # the variant: "none" in a process given a block of tool uids
+
+# The distribution's python where there is one: a command dropped to a tool uid must be able to
+# run it (an interpreter under a 0700 home, like pyenv's under /root, is closed to other uids).
+PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+COMMANDS = {"true": "true", "python -c pass": f"{PYTHON} -c pass"}
 
 
 def stats(values_s: list[float]) -> dict[str, float]:
@@ -47,9 +58,28 @@ async def plain(command: str) -> None:
     assert proc.returncode == 0
 
 
+@contextlib.contextmanager
+def given_tool_uids(variant: str):
+    """For the tool-uid variant, this process is a pull-mode agent given a block (what the
+    launcher's environment says); the Sandbox reads it when it is made."""
+    if variant != TOOL_UID:
+        yield
+        return
+    os.environ[TOOL_UIDS_ENV] = format_uids(fresh_uid_block())
+    try:
+        yield
+    finally:
+        del os.environ[TOOL_UIDS_ENV]
+
+
+def make_box(limits: SandboxLimits, variant: str, **kwargs) -> Sandbox:
+    with given_tool_uids(variant):
+        return Sandbox(limits, isolation="none" if variant == TOOL_UID else variant, **kwargs)
+
+
 async def measure(repeats: int, isolations: list[str]) -> list[dict]:
     limits = SandboxLimits()
-    boxes = {iso: Sandbox(limits, isolation=iso, python=True) for iso in isolations}
+    boxes = {iso: make_box(limits, iso, python=True) for iso in isolations}
     variants = ["plain", *isolations]
     times: dict[tuple[str, str], list[float]] = {(c, v): [] for c in COMMANDS for v in variants}
     startup: dict[str, list[float]] = {iso: [] for iso in isolations}
@@ -67,7 +97,7 @@ async def measure(repeats: int, isolations: list[str]) -> list[dict]:
                     times[name, variant].append(time.perf_counter() - start)
             for iso in (v for v in order if v != "plain"):
                 start = time.perf_counter()
-                await Sandbox(limits, isolation=iso).close()
+                await make_box(limits, iso).close()
                 startup[iso].append(time.perf_counter() - start)
     finally:
         for box in boxes.values():
@@ -106,11 +136,13 @@ def main() -> None:
     started = time.perf_counter()
     repeats = args.repeats or (10 if args.quick else 200)
     problem = bwrap_problem()
-    isolations = ["none"] + (["bwrap"] if problem is None else [])
+    isolations = ["none"] + ([TOOL_UID] if os.geteuid() == 0 else []) + (["bwrap"] if problem is None else [])
     if problem is not None:
         print(f"bwrap rows skipped: {problem}")
+    if os.geteuid() != 0:
+        print("tool-uid rows skipped: not root (only root can drop a command to another uid)")
     rows = asyncio.run(measure(repeats, isolations))
-    rows += [evaluation(max(3, repeats // 4), iso) for iso in isolations]
+    rows += [evaluation(max(3, repeats // 4), iso) for iso in isolations if iso != TOOL_UID]
     print(table(["what", "variant", "median ms", "p95 ms", "x plain"],
                 [[r["row"], r["variant"], f"{r['median_ms']:.1f}", f"{r['p95_ms']:.1f}",
                   "" if r["ratio"] is None else f"{r['ratio']:.1f}"] for r in rows]))
