@@ -68,6 +68,37 @@ class EngineConfig:
 # -- rollout ------------------------------------------------------------------------------------
 
 
+FORK_AT = ("first", "every")  # rollout.manager.fork.at, besides a "package.module:rule"
+
+
+def _check_fork_at(instance: Any, attribute: Any, value: str) -> None:
+    module, sep, name = value.partition(":")
+    if value not in FORK_AT and not (sep and module and name):
+        raise ValueError(f"fork.at={value!r}: use one of {', '.join(FORK_AT)} or 'package.module:rule'")
+
+
+@attrs.define
+class ForkConfig:
+    """Forked anchor groups (`arl.rollout.fork`): at chosen states of a training episode the env is
+    copied and ``k`` actions are sampled from the one prompt, each played out under the policy, so
+    GiGPO's step term compares ``k`` returns from exactly that state. ``k: 0`` (the default) is off."""
+
+    k: int = attrs.field(default=0, validator=v.ge(0))  # actions per forked state: the anchor-group size
+    # "first": the first `states` states of an episode; "every": every state; "package.module:rule":
+    # rule(step, observation) -> bool, resolved when the manager is built
+    at: str = attrs.field(default="first", validator=[v.instance_of(str), _check_fork_at])
+    states: int = attrs.field(default=1, validator=v.ge(1))  # at=first: how many
+    # a branch's steps, its forked action included; None: it plays to the episode's end
+    horizon: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    # the episode tags that fork: training groups ("train"); the validation panel ("val") and the
+    # warm-start ("sft") play unforked, as they measure or imitate, and a branch only adds cost there
+    tags: list[str] = attrs.Factory(lambda: ["train"])
+
+    def __attrs_post_init__(self) -> None:
+        if self.k == 1:
+            raise ValueError("fork.k=1 compares an action with nothing: use k >= 2, or 0 to switch forking off")
+
+
 @attrs.define
 class ManagerConfig:
     """How a manager plays episodes (sampling, limits, prompt shape)."""
@@ -90,6 +121,7 @@ class ManagerConfig:
     # template's default applies, if it has one; "" an empty one). The full style always sends
     # the anchors' system prompt (docs/reference.md §1.4).
     system_prompt: str | None = None
+    fork: ForkConfig = attrs.Factory(ForkConfig)  # step mode: forked anchor groups (off by default)
 
     def __attrs_post_init__(self) -> None:
         if self.system_prompt is not None and self.prompt_style != "compact":
@@ -126,6 +158,10 @@ class RolloutConfig:
     spare_groups: int = attrs.field(default=0, validator=v.ge(0))
     manager: ManagerConfig = attrs.Factory(ManagerConfig)
     proxy: ProxyConfig = attrs.Factory(ProxyConfig)
+
+    def __attrs_post_init__(self) -> None:
+        if self.manager.fork.k and self.mode != "step":
+            raise ValueError(f"rollout.manager.fork needs rollout.mode=step (a fork samples step prompts), not {self.mode!r}")
 
 
 # -- training -----------------------------------------------------------------------------------
@@ -261,6 +297,9 @@ class TrainConfig:
                 raise ValueError(f"model={self.model!r} and engine.model={self.engine.model!r} disagree: set model only")
             self.model = self.engine.model if self.model == DEFAULT_MODEL else self.model
         self.engine.model = self.model
+        if self.rollout.manager.fork.k and self.algo.estimator in ("grpo", "reinforce"):
+            raise ValueError(f"rollout.manager.fork with algo.estimator={self.algo.estimator}: it would not read the "
+                             "forked groups (their branch rows are no episodes): use gigpo")
         if self.engine.sleep_mode and self.rollout.max_staleness > 0:
             raise ValueError("engine.sleep_mode and rollout.max_staleness=1 exclude each other: the overlapped "
                              "rollout runs on the engine during the update, when sleep mode would free it")

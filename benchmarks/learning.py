@@ -19,7 +19,8 @@ warm-start level) and evaluates at the start and every `eval.every` steps on the
 validation panel (the same `eval.num_seeds` levels for every run). All runs of a game share one
 engine, started once (vLLM start-up is ~20-40 s on CPU); each run pushes its own weights into it.
 
-Env steps = the cumulative number of agent turns played in *training* rollouts (rollout/num_turns);
+Env steps = the cumulative number of agent turns played in *training* rollouts (rollout/num_turns,
+plus rollout/branch_turns for a forked run: `fork-gigpo-mean` forks each episode's first state);
 evaluation episodes and the warm-start's scripted episodes (the same for every estimator) are not
 counted. At every evaluation the script records (env steps, validation success). Per game and
 estimator: mean ± std over seeds (std with n-1) at each evaluation index (all seeds share the
@@ -64,9 +65,12 @@ ESTIMATORS = {
     "proxy-gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_norm", "rollout.mode=proxy",
                          "rollout.proxy.runner=gym", "rollout.proxy.transport=inprocess",
                          "rollout.proxy.tracker_mode=step", "rollout.proxy.runner_kwargs={conversation: step}"],
+    # GiGPO mean_norm whose first state is forked: an anchor group of exactly 4 there (arl/rollout/fork.py)
+    "fork-gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_norm",
+                        "rollout.manager.fork={k: 4, at: first, states: 1}"],
 }
 COLORS = {"grpo": "tab:orange", "gigpo-mean": "tab:blue", "gigpo-meanstd": "tab:green",
-          "proxy-gigpo-mean": "tab:purple"}  # the same in every panel
+          "proxy-gigpo-mean": "tab:purple", "fork-gigpo-mean": "tab:red"}  # the same in every panel
 ANCHOR_STATS = ("train/gigpo_anchor_group_size_mean", "train/gigpo_anchor_singleton_frac")
 RUN_OVERRIDES = ["tensorboard=false", "keep_checkpoints=1", "eval.at_start=true"]
 QUICK_OVERRIDES = ["rollout.num_groups=2", "rollout.group_size=2", "eval.num_seeds=4", "eval.every=1", "sft.steps=1",
@@ -117,7 +121,8 @@ def curve_of(history: list[dict[str, Any]]) -> tuple[list[dict[str, float]], lis
     evals, train, env_steps = [], [], 0.0
     for row in history:
         if row["step"] > 0 and "rollout/num_turns" in row:
-            env_steps += row["rollout/num_turns"]
+            # a forked run's branches are env steps too (rollout/branch_turns; absent without forks)
+            env_steps += row["rollout/num_turns"] + row.get("rollout/branch_turns", 0.0)
             train.append({"step": row["step"], "env_steps": env_steps,
                           "success": row.get("rollout/success_rate", float("nan")),
                           **{k.removeprefix("train/gigpo_"): row[k] for k in ANCHOR_STATS if k in row}})
@@ -230,7 +235,8 @@ ADDED_KEYS = {
 def check_same_setup(previous_game: dict[str, Any], setup: dict[str, Any]) -> None:
     """SystemExit naming every differing field unless `setup` is the earlier game's (estimator aside;
     keys added since, at their old behaviour's value, aside: `ADDED_KEYS`)."""
-    ignore = ("algo.estimator", "algo.gigpo_mode", "rollout.mode", "rollout.proxy")  # set per run by ESTIMATORS
+    ignore = ("algo.estimator", "algo.gigpo_mode", "rollout.mode", "rollout.proxy",  # set per run by ESTIMATORS
+              "rollout.manager.fork")
     added = {f"{k}: None vs {v!r}" for k, v in ADDED_KEYS.items()}
     differ = [d for d in _differences(previous_game["setup"], setup)
               if not d.split(":")[0].startswith(ignore) and d not in added]
@@ -452,7 +458,8 @@ def main() -> None:
     parser.add_argument("--config-sokoban", type=Path, default=GAMES["sokoban"])
     parser.add_argument("--estimators", nargs="+", choices=list(ESTIMATORS), default=None,
                         help="default: grpo gigpo-mean gigpo-meanstd (--quick: grpo gigpo-mean); "
-                             "proxy-gigpo-mean (GymRunner through the proxy) runs only when named")
+                             "proxy-gigpo-mean (GymRunner through the proxy) and fork-gigpo-mean (forked first "
+                             "states) run only when named")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: the config's)")
     parser.add_argument("--runs-dir", type=Path, default=None, help="keep the runs here (default: a temp dir)")

@@ -196,6 +196,18 @@ def test_credit_quick(tmp_path):
         assert all(0 <= s <= 1 for s in values["action_share"]), name
     # random actions carry no credit on their own: every estimator must find *some* signal
     assert all(min(v["corr"]) > 0 for v in geometry["estimators"].values())
+    # forked anchor groups beside the natural ones, at the natural batch's engine tokens (to one episode)
+    arms = geometry["arms"]
+    assert list(arms)[0] == "natural" and len(arms) > 1
+    assert arms["natural"]["estimators"] == geometry["estimators"]
+    for name, arm in list(arms.items())[1:]:
+        batch = arm["batch"]
+        assert arm["fork"]["k"] >= 2 and min(batch["fork_groups"]) > 0, name
+        for tokens, budget, episodes in zip(batch["engine_tokens"], arms["natural"]["batch"]["engine_tokens"],
+                                            batch["episodes"], strict=True):
+            assert abs(tokens - budget) <= tokens / episodes, name  # within one episode's cost
+        assert "grpo" not in arm["estimators"] and all(len(v["corr"]) == 2 for v in arm["estimators"].values())
+    assert max(arms["fork k=2 every, horizon 3"]["batch"]["singleton_frac"]) == 0  # every state forked: no singletons
 
 
 def test_ceiling_quick(tmp_path):

@@ -14,15 +14,16 @@ Conventions shared by all estimators (docs/reference.md §3.1):
 
 Where each estimator lives: this module defines the per-sample ones, REINFORCE and GRPO, which
 score a row alone or against its group. GiGPO, which also needs each row's trajectory, step and
-state, is in `step_level`; the input handling and `group_normalize` both build on are in
-`_groups`. This module re-exports all of it, so it stays the one place to import estimators from.
+state, is in `step_level`; GiGPO over forked anchor groups (`arl.rollout.fork`'s rows) in
+`forked`; the input handling and `group_normalize` all build on are in `_groups`. This module
+re-exports all of it, so it stays the one place to import estimators from.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from arl.algo import step_level
+from arl.algo import forked, step_level
 from arl.algo._groups import (
     CONSTANT_STD,
     Floats,
@@ -33,6 +34,7 @@ from arl.algo._groups import (
     _keys,
     group_normalize,
 )
+from arl.algo.forked import fork_returns, gigpo_forked  # noqa: F401  (re-exported)
 from arl.algo.step_level import (  # noqa: F401  (re-exported)
     EpisodeStats,
     Mode,
@@ -43,7 +45,7 @@ from arl.algo.step_level import (  # noqa: F401  (re-exported)
     step_advantages,
 )
 
-__all__ = ["CONSTANT_STD", "grpo", "group_normalize", "reinforce", *step_level.__all__]
+__all__ = ["CONSTANT_STD", "grpo", "group_normalize", "reinforce", *step_level.__all__, *forked.__all__]
 
 # ----------------------------------------------------------------------------------------------
 # REINFORCE and GRPO

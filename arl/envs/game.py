@@ -15,7 +15,8 @@ provides, as class or instance attributes:
   the text leaves something out); ``info["success"]`` at each step.
 - ``step(None)``: a no-op turn (the wrapper's move for an unparseable reply).
 
-Optional, for `TextEnv`'s extra lines: ``position_symbols`` (what ``positions=True`` locates);
+A game must survive ``copy.deepcopy`` (forked anchor groups copy the env: `arl.envs.fork`), or
+provide ``fork()``, or say ``forkable = False``. Optional, for `TextEnv`'s extra lines: ``position_symbols`` (what ``positions=True`` locates);
 ``action_deltas`` (one (d_row, d_col) per action), ``player_symbols`` and ``goal_symbol`` (what
 ``surroundings=True`` looks at).
 

@@ -1,7 +1,8 @@
 """Episodes -> training samples (docs/architecture.md §3).
 
 `EnvManager` subclasses play episodes against an engine (`TrajEnvManager`: one sample per
-episode; `StepEnvManager`: one per turn, with GiGPO state hashes); `GroupScheduler` hands out
+episode; `StepEnvManager`: one per turn, with GiGPO state hashes; `ForkEnvManager`: the step
+manager plus anchor groups made by forking chosen states); `GroupScheduler` hands out
 groups of episodes sharing a seed and runs them concurrently; `rollout_metrics` summarises them.
 """
 
@@ -20,9 +21,10 @@ from arl.rollout.base import (
     request_seed,
     state_hash,
 )
+from arl.rollout.fork import ForkEnvManager, NotForkableError
 from arl.rollout.metrics import rollout_metrics
 from arl.rollout.proxy import ProxyEnvManager
-from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, Sample, Trajectory, Turn, collate
+from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, Branch, Sample, Trajectory, Turn, collate
 from arl.rollout.scheduler import VAL_BASE_SEED, GroupScheduler, RolloutBatch
 from arl.rollout.step import StepEnvManager
 from arl.rollout.traj import TrajEnvManager
@@ -31,12 +33,15 @@ __all__ = [
     "EXIT_REASONS",
     "NORMAL_EXITS",
     "VAL_BASE_SEED",
+    "Branch",
     "EnvError",
     "EnvManager",
     "Episode",
     "EpisodeSpec",
+    "ForkEnvManager",
     "GroupScheduler",
     "InternalError",
+    "NotForkableError",
     "ProxyEnvManager",
     "PromptView",
     "RolloutBatch",

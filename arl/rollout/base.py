@@ -119,10 +119,14 @@ class EnvManager(abc.ABC):
     """
 
     mode: str = "base"
+    forks: bool = False  # plays `config.fork` (arl.rollout.fork.ForkEnvManager); the others refuse it
 
     def __init__(self, engine: Any, config: ManagerConfig | None = None):
         self.engine = engine
         self.config = config or ManagerConfig()
+        if self.config.fork.k and not self.forks:  # rather than silently play unforked
+            raise ValueError(f"{type(self).__name__} does not fork states: ManagerConfig.fork is played by "
+                             "arl.rollout.fork.ForkEnvManager (what make_manager builds for rollout.mode=step)")
 
     def derive(self, config: ManagerConfig | None = None, engine: Any = None) -> EnvManager:
         """A manager of the same kind with another config (e.g. the validation temperature) or
@@ -215,8 +219,16 @@ class EnvManager(abc.ABC):
         the Turn keeps the engine's exact tokens. A PromptView `prompt_ids` is kept as it is (no
         copy); any other sequence is copied into the Turn's own list.
         """
-        index = len(traj.turns)
-        gen = await self.generate(traj, prompt_ids, self.sampling_params(spec, index))
+        gen = await self.generate(traj, prompt_ids, self.sampling_params(spec, len(traj.turns)))
+        turn, obs, terminated, truncated = self.take(traj, env, prompt_ids, observation, gen)
+        self.record(traj, turn)
+        return turn, obs, terminated, truncated
+
+    def take(
+        self, traj: Trajectory, env: Any, prompt_ids: Sequence[int], observation: str, gen: Generation
+    ) -> tuple[Turn, str, bool, bool]:
+        """The env step ``gen``'s reply drives, as a Turn that is not recorded on ``traj`` (a forked
+        branch's turns are not the trajectory's): (turn, next observation, terminated, truncated)."""
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         obs, reward, terminated, truncated, info = self.env_call(traj, env.step, text)
         info = dict(info)
@@ -232,10 +244,13 @@ class EnvManager(abc.ABC):
             policy_version=gen.policy_version,
             info={k: v for k, v in info.items() if k != "raw_obs"},
         )
+        return turn, str(info.get("raw_obs", obs)), bool(terminated), bool(truncated)
+
+    def record(self, traj: Trajectory, turn: Turn) -> None:
+        """Append ``turn`` to the trajectory, with its reward and the success it reports."""
         traj.turns.append(turn)
         traj.episode_score += turn.reward
-        traj.success = bool(info.get("success", False))
-        return turn, str(info.get("raw_obs", obs)), bool(terminated), bool(truncated)
+        traj.success = bool(turn.info.get("success", False))
 
     def start_episode(self, spec: EpisodeSpec, traj: Trajectory) -> tuple[Any, str, int]:
         """A fresh env reset to the spec's seed: (env, raw first observation, turn limit)."""

@@ -4,7 +4,9 @@
     groups = make_scheduler(rollout, seed=0)
     batch = await groups.run(manager, groups.specs(step))
 
-``mode: traj | step`` are arl's own managers (`TrajEnvManager`, `StepEnvManager`); ``mode: proxy``
+``mode: traj | step`` are arl's own managers (`TrajEnvManager`, `StepEnvManager`; with
+``rollout.manager.fork.k`` set, step mode is `ForkEnvManager`, which forks chosen states into
+anchor groups of k, `arl.rollout.fork`; its env is checked forkable here); ``mode: proxy``
 is `ProxyEnvManager` running agent code, chosen by ``rollout.proxy.runner``:
 
 - ``gym`` (default): `GymRunner`, arl's text-action agent; ``tool``: `ToolCallRunner` (function
@@ -27,6 +29,7 @@ from typing import Any
 from arl.config import MODES, ManagerConfig, RolloutConfig
 from arl.intercept.doctor import TemplateReport, check_setting
 from arl.rollout.base import EnvManager
+from arl.rollout.fork import ForkEnvManager, check_forkable
 from arl.rollout.proxy import ProxyEnvManager
 from arl.rollout.runners import (
     RUNNERS,
@@ -49,6 +52,9 @@ def make_manager(engine: Any, rollout: RolloutConfig, manager_config: ManagerCon
     if rollout.mode == "traj":
         return TrajEnvManager(engine, config)
     if rollout.mode == "step":
+        if config.fork.k:
+            check_forkable(rollout.env_id, config)  # NotForkableError now, not in every episode
+            return ForkEnvManager(engine, config)
         return StepEnvManager(engine, config)
     if rollout.mode == "proxy":
         p = rollout.proxy

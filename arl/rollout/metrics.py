@@ -61,6 +61,17 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
             ),
         }
     )
+    branches = [b for tr in trajs for b in tr.branches]
+    if branches:  # forked anchor groups (arl.rollout.fork): what the branches cost beside the trunks
+        forked = {b.fork_id for b in branches}
+        out["rollout/fork_states"] = float(len(forked))
+        out["rollout/branches"] = float(len(branches))
+        out["rollout/branch_turns"] = float(sum(len(b.turns) for b in branches))
+        # engine tokens: a forked action shares the fork's request (its reply only); a playout
+        # turn is a request of its own (prompt and reply)
+        out["rollout/branch_tokens"] = float(sum(
+            len(t.response_ids) + (len(t.prompt_ids) if i else 0) for b in branches for i, t in enumerate(b.turns)))
+        out["rollout/branch_success_rate"] = _mean([float(b.success) for b in branches])
     keyed = [t.info["state_key"] for t in turns if "state_key" in t.info]
     if keyed:  # proxy mode: the share of GiGPO state keys named by the runner (else a message hash)
         out["rollout/state_key_from_runner_rate"] = _mean([float(k == "runner") for k in keyed])

@@ -2,6 +2,8 @@
 
 A Trajectory is what happened (the env's view); a Sample is what the trainer eats (the token
 view). Trajectory-level managers make one Sample per episode, step-level managers one per turn.
+A forking step manager (`arl.rollout.fork`) also records the Branches it played from copies of a
+trajectory's env, and one Sample per branch: its forked action, in the trunk's state and prompt.
 """
 
 from __future__ import annotations
@@ -48,6 +50,25 @@ class Turn:
 
 
 @attrs.define
+class Branch:
+    """One alternative sampled at a forked state of a trajectory (`arl.rollout.fork`): a copy of the
+    env at trunk step `step` took completion `index` of the fork's n=K request, then played on under
+    the policy. Not an episode of its group: the trunk is; a branch only prices one action."""
+
+    fork_id: str  # "{traj_id}@{step}": shared by the fork's K rows, the trunk's own included
+    traj_id: str  # "{fork_id}.{index}"
+    step: int  # the trunk step it forked at (the state the K actions were sampled in)
+    index: int  # completion index in the fork's request; 0 is the trunk's own action, so >= 1 here
+    turns: list[Turn] = attrs.Factory(list)  # [0]: the forked action (the fork's prompt); then the playout
+    exit_reason: str = "truncated"  # terminated | truncated | horizon (fork.horizon reached) | max_length
+    success: bool = False
+
+    @property
+    def rewards(self) -> list[float]:
+        return [turn.reward for turn in self.turns]
+
+
+@attrs.define
 class Trajectory:
     """One episode of one env. `group_id` is shared by every member that played the same seed."""
 
@@ -63,6 +84,7 @@ class Trajectory:
     error: str | None = None  # the exception text for abnormal exits
     traceback: str | None = None  # the formatted traceback of the exception that ended the episode
     timings: dict[str, float] = attrs.Factory(dict)
+    branches: list[Branch] = attrs.Factory(list)  # forked alternatives (arl.rollout.fork), in fork order
 
     @property
     def traj_id(self) -> str:
@@ -92,6 +114,13 @@ class Sample:
     action_valid: bool = True
     policy_version: int = 0
     info: dict[str, Any] = attrs.Factory(dict)
+    # Forked anchor groups (arl.rollout.fork): rows with one fork_id acted in one copied state from
+    # one prompt; fork_rewards are the rewards from that state on (this row's action first), whose
+    # discounted sum is the return the fork group compares. A branch row is a forked action played
+    # in a copy of the env: it is trained, but it is no episode of its group (no episode term).
+    fork_id: str | None = None
+    fork_rewards: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    branch: bool = False
 
     def __attrs_post_init__(self) -> None:
         n = len(self.input_ids)
@@ -100,6 +129,8 @@ class Sample:
                 f"Sample fields misaligned: input_ids {n}, response_mask {len(self.response_mask)}, "
                 f"old_logprobs {len(self.old_logprobs)}"
             )
+        if self.branch and self.fork_id is None:
+            raise ValueError("a branch sample needs the fork_id of the state it was forked in")
 
     @property
     def ok(self) -> bool:

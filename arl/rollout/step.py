@@ -13,38 +13,48 @@ only with the history window) no longer fits.
 
 from __future__ import annotations
 
+from typing import Any
+
 from arl.envs.prompts import compact_messages, history_action, step_messages
 from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids, state_hash
-from arl.rollout.records import Sample, Trajectory
+from arl.rollout.records import Sample, Trajectory, Turn
 
 
 class StepEnvManager(EnvManager):
     mode = "step"
 
     async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
-        c, tok = self.config, self.tokenizer
         env, obs, limit = self.start_episode(spec, traj)
         history: list[tuple[str, str, float]] = []
         traj.exit_reason = "truncated"
         while len(traj.turns) < limit:
             t = len(traj.turns)
-            if c.prompt_style == "compact":
-                messages = compact_messages(obs, limit - t, c.system_prompt)
-            else:
-                messages = step_messages(env.instructions, obs, t, history, c.history_len, limit - t, c.max_tokens)
-            prompt = chat_ids(tok, messages)
+            prompt = self.step_prompt(env, obs, t, history, limit)
             if not self.fits(len(prompt)):
                 traj.exit_reason = "max_length"
                 break
             turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs)
             turn.state_hash = state_hash(obs)
-            reply = tok.decode(turn.response_ids, skip_special_tokens=True)
-            history.append((obs, history_action(turn.action, turn.action_valid, reply), turn.reward))
+            self.remember(history, obs, turn)
             obs = next_obs
             if terminated or truncated:
                 traj.exit_reason = "terminated" if terminated else "truncated"
                 break
         return self._build_samples(spec, traj)
+
+    def step_prompt(self, env: Any, obs: str, t: int, history: list[tuple[str, str, float]], limit: int) -> list[int]:
+        """The token prompt of step ``t`` in state ``obs`` after ``history``, with ``limit`` turns in all."""
+        c = self.config
+        if c.prompt_style == "compact":
+            messages = compact_messages(obs, limit - t, c.system_prompt)
+        else:
+            messages = step_messages(env.instructions, obs, t, history, c.history_len, limit - t, c.max_tokens)
+        return chat_ids(self.tokenizer, messages)
+
+    def remember(self, history: list[tuple[str, str, float]], obs: str, turn: Turn) -> None:
+        """Append the step ``turn`` took in ``obs`` to the history the next prompts show."""
+        reply = self.tokenizer.decode(turn.response_ids, skip_special_tokens=True)
+        history.append((obs, history_action(turn.action, turn.action_valid, reply), turn.reward))
 
     def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
         return self._build_samples(spec, traj)
