@@ -74,6 +74,7 @@ from typing import Any, Literal
 import attrs
 
 from arl.engine.prompt import PromptView
+from arl.engine.tokens import TokenRow
 from arl.intercept.chain_keys import _memo_key, _tools_json, _tools_key, chain_key, state_hash
 from arl.intercept.protocol import normalize_message
 from arl.intercept.template import _DUMMY, TemplateError, _render, _Template, _template
@@ -310,11 +311,9 @@ class MessageTracker:
         lps = [float(x) for x in logprobs]
         node = self._nodes.get(key)
         if node is None or not node.generated:  # a repeat of a generated message is that message
+            row = TokenRow().context(head).generated(ids, lps).context(close + sep)
             node = Node(
-                key, len(prompt.nodes), "assistant",
-                ids=head + ids + close + sep,
-                mask=[0] * len(head) + [1] * len(ids) + [0] * (len(close) + len(sep)),
-                logprobs=[0.0] * len(head) + lps + [0.0] * (len(close) + len(sep)),
+                key, len(prompt.nodes), "assistant", ids=row.ids, mask=row.mask, logprobs=row.logprobs,
                 generated=True, separator=len(sep), request=len(self.requests),
             )
             self._nodes[key] = node
@@ -374,23 +373,18 @@ class MessageTracker:
             raise ValueError(f"keep must be 'all' or 'longest', got {keep!r}")
         out = []
         for branch in branches:
-            ids: list[int] = []
-            mask: list[int] = []
-            logprobs: list[float] = []
+            row = TokenRow()
             for node in branch.nodes:
-                ids += node.ids
                 if node.generated and (keep == "longest" or node.owner == branch.id):
-                    mask += node.mask
-                    logprobs += node.logprobs
-                else:
-                    mask += [0] * len(node.ids)
-                    logprobs += [0.0] * len(node.ids)
-            if not any(mask):  # nothing of its own to train on (only repeats of other branches)
+                    row.add(node.ids, node.mask, node.logprobs)
+                else:  # context: a user/tool message, or a repeat of another branch's reply
+                    row.context(node.ids)
+            if not any(row.mask):  # nothing of its own to train on (only repeats of other branches)
                 continue
-            cut = len(ids) - branch.nodes[-1].separator
+            row = row.cut(len(row.ids) - branch.nodes[-1].separator)
             last = self.requests[branch.requests[-1]]
             out.append(TrackedSample(
-                input_ids=ids[:cut], response_mask=mask[:cut], logprobs=logprobs[:cut],
+                input_ids=row.ids, response_mask=row.mask, logprobs=row.logprobs,
                 requests=tuple(branch.requests), branch=branch.id, state_hash=last.prompt.state_hash,
                 observation=last.prompt.observation,
                 policy_version=min(self.requests[r].policy_version for r in branch.requests),
@@ -403,11 +397,9 @@ class MessageTracker:
         end-of-turn, mask 0, when the engine was cut at max_tokens)."""
         out = []
         for r in self.requests:
-            prompt, close = r.prompt.prompt_ids, r.closing
+            row = TokenRow.turn(r.prompt.prompt_ids, r.response_ids, r.logprobs, r.closing)
             out.append(TrackedSample(
-                input_ids=prompt + r.response_ids + close,
-                response_mask=[0] * len(prompt) + [1] * len(r.response_ids) + [0] * len(close),
-                logprobs=[0.0] * len(prompt) + r.logprobs + [0.0] * len(close), requests=(r.index,), branch=r.branch,
+                input_ids=row.ids, response_mask=row.mask, logprobs=row.logprobs, requests=(r.index,), branch=r.branch,
                 state_hash=r.prompt.state_hash, observation=r.prompt.observation,
                 policy_version=r.policy_version, finish_reason=r.finish_reason,
             ))

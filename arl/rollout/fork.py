@@ -104,6 +104,7 @@ from anyio.abc import TaskGroup
 
 from arl.config import ManagerConfig
 from arl.engine.base import Generation, SamplingParams
+from arl.engine.tokens import TokenRow
 from arl.envs.fork import NotForkableError, fork_env
 from arl.rollout.base import EpisodeSpec, state_hash
 from arl.rollout.records import Branch, Sample, Trajectory, Turn
@@ -286,13 +287,13 @@ class ForkEnvManager(StepEnvManager):
         reward; ``episode_score`` is the episode it completes (the trunk's rewards before the fork,
         then the branch's), for reading only: no estimator counts a branch as an episode."""
         first = branch.turns[0]
-        prompt, response = list(first.prompt_ids), first.response_ids
-        closing = self.close_turn(response)
+        row = TokenRow.turn(first.prompt_ids, first.response_ids, first.response_logprobs,
+                            self.close_turn(first.response_ids))
         prefix = sum(turn.reward for turn in traj.turns[: branch.step])
         return Sample(
-            input_ids=prompt + response + closing,
-            response_mask=[0] * len(prompt) + [1] * len(response) + [0] * len(closing),
-            old_logprobs=[0.0] * len(prompt) + list(first.response_logprobs) + [0.0] * len(closing),
+            input_ids=row.ids,
+            response_mask=row.mask,
+            old_logprobs=row.logprobs,
             score=first.reward,
             episode_score=prefix + sum(branch.rewards),
             step_score=first.reward,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from arl.engine.tokens import TokenRow
 from arl.envs.prompts import compact_messages, history_action, step_messages
 from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids, state_hash
 from arl.rollout.records import Sample, Trajectory, Turn
@@ -62,13 +63,13 @@ class StepEnvManager(EnvManager):
     def _build_samples(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
         samples = []
         for index, turn in enumerate(traj.turns):
-            closing = self.close_turn(turn.response_ids)
-            prompt, response = turn.prompt_ids, turn.response_ids
+            row = TokenRow.turn(turn.prompt_ids, turn.response_ids, turn.response_logprobs,
+                                self.close_turn(turn.response_ids))
             samples.append(
                 Sample(
-                    input_ids=prompt + response + closing,
-                    response_mask=[0] * len(prompt) + [1] * len(response) + [0] * len(closing),
-                    old_logprobs=[0.0] * len(prompt) + list(turn.response_logprobs) + [0.0] * len(closing),
+                    input_ids=row.ids,
+                    response_mask=row.mask,
+                    old_logprobs=row.logprobs,
                     score=turn.reward,
                     episode_score=traj.episode_score,
                     step_score=turn.reward,

@@ -16,6 +16,7 @@ the loss, by default they train like any other (their score is the partial sum o
 from __future__ import annotations
 
 from arl.engine.prompt import PromptView
+from arl.engine.tokens import TokenRow
 from arl.envs.prompts import compact_messages, compact_user_message, traj_messages_start, traj_user_message
 from arl.rollout.base import EnvManager, EpisodeSpec, bridge_ids, chat_ids
 from arl.rollout.records import Sample, Trajectory, Turn
@@ -58,22 +59,18 @@ class TrajEnvManager(EnvManager):
         previous turn's tokens, so the new part of each prompt is that turn's bridge)."""
         if not traj.turns:
             return []
-        ids: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] = []
+        row = TokenRow()
         for turn in traj.turns:
-            _check_prefix(ids, turn)
-            bridge = turn.prompt_ids[len(ids) :]
-            closing = self.close_turn(turn.response_ids)
-            ids += bridge + turn.response_ids + closing
-            mask += [0] * len(bridge) + [1] * len(turn.response_ids) + [0] * len(closing)
-            logprobs += [0.0] * len(bridge) + list(turn.response_logprobs) + [0.0] * len(closing)
+            _check_prefix(row.ids, turn)
+            bridge = turn.prompt_ids[len(row.ids) :]
+            row.context(bridge).generated(turn.response_ids, turn.response_logprobs)
+            row.context(self.close_turn(turn.response_ids))
         score = traj.episode_score
         return [
             Sample(
-                input_ids=ids,
-                response_mask=mask,
-                old_logprobs=logprobs,
+                input_ids=row.ids,
+                response_mask=row.mask,
+                old_logprobs=row.logprobs,
                 score=score,
                 episode_score=score,
                 step_score=score,
