@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 
 from arl.envs.frozen_lake import FrozenLakeEnv
-from arl.envs.game import Game, check_game, register_game
+from arl.envs.game import Game, check_game, register_game, state_hash
 from arl.envs.sokoban import SokobanEnv
 from arl.envs.text import TextEnv, parse_answer
 from arl.envs.tools import ToolEnv
@@ -39,6 +39,7 @@ __all__ = [
     "parse_answer",
     "register_envs",
     "register_game",
+    "state_hash",
 ]
 
 _SOKOBAN = "arl.envs.sokoban:SokobanEnv"

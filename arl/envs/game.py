@@ -27,9 +27,22 @@ trains two steps on one whose actions are not directions.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, ClassVar
 
 import gymnasium as gym
+
+
+def state_hash(observation: str) -> str:
+    """GiGPO's anchor-state key of an observation text: sha256 hex[:16] of the raw text
+    (docs/reference.md §2). The step manager, the fork manager, the chat tracker and the verl
+    agent loop all key on it, so equal states group wherever they were played.
+
+    >>> state_hash("P_\\n_G")
+    '757107e320fda516'
+    """
+    return hashlib.sha256(observation.encode("utf-8")).hexdigest()[:16]
+
 
 REQUIRED = ("action_names", "game_name", "description", "default_format_penalty", "symbols", "symbol_names",
             "grid_text", "state_key", "symbol_legend")

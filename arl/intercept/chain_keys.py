@@ -14,11 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def state_hash(text: str) -> str:
-    """GiGPO anchor key of an observation text (same definition as the step manager's)."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
 def _canonical_arguments(arguments: str) -> str:
     try:
         return json.dumps(json.loads(arguments), sort_keys=True, ensure_ascii=False)

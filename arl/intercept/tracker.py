@@ -75,7 +75,8 @@ import attrs
 
 from arl.engine.prompt import PromptView
 from arl.engine.tokens import TokenRow
-from arl.intercept.chain_keys import _memo_key, _tools_json, _tools_key, chain_key, state_hash
+from arl.envs.game import state_hash
+from arl.intercept.chain_keys import _memo_key, _tools_json, _tools_key, chain_key
 from arl.intercept.protocol import normalize_message
 from arl.intercept.template import _DUMMY, TemplateError, _render, _Template, _template
 

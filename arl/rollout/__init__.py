@@ -9,6 +9,7 @@ groups of episodes sharing a seed and runs them concurrently; `rollout_metrics` 
 from __future__ import annotations
 
 from arl.engine.prompt import PromptView
+from arl.envs.game import state_hash
 from arl.rollout.base import (
     EnvError,
     EnvManager,
@@ -19,7 +20,6 @@ from arl.rollout.base import (
     chat_ids,
     end_of_turn_ids,
     request_seed,
-    state_hash,
 )
 from arl.rollout.fork import ForkEnvManager, NotForkableError
 from arl.rollout.metrics import rollout_metrics

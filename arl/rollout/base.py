@@ -48,7 +48,6 @@ __all__ = [
     "chat_ids",
     "end_of_turn_ids",
     "request_seed",
-    "state_hash",
 ]
 
 
@@ -98,11 +97,6 @@ def request_seed(config: ManagerConfig, spec: EpisodeSpec, turn: int) -> int | N
         return None
     key = f"{config.sampling_seed}|{spec.group_id}|{spec.episode_id}|{turn}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") % (2**31)
-
-
-def state_hash(observation: str) -> str:
-    """GiGPO anchor-state key: sha256 hex[:16] of the RAW observation text (docs/reference.md §2)."""
-    return hashlib.sha256(observation.encode("utf-8")).hexdigest()[:16]
 
 
 # -- the manager base ---------------------------------------------------------------------------

@@ -106,7 +106,8 @@ from arl.config import ManagerConfig
 from arl.engine.base import Generation, SamplingParams
 from arl.engine.tokens import TokenRow
 from arl.envs.fork import NotForkableError, fork_env
-from arl.rollout.base import EpisodeSpec, state_hash
+from arl.envs.game import state_hash
+from arl.rollout.base import EpisodeSpec
 from arl.rollout.records import Branch, Sample, Trajectory, Turn
 from arl.rollout.step import StepEnvManager
 

@@ -41,11 +41,12 @@ import attrs
 from arl.agents.gym_runner import GymRunner
 from arl.agents.runner import AgentRunner, EpisodeResult, StepReport
 from arl.config import ManagerConfig
+from arl.envs.game import state_hash
 from arl.intercept.client import InProcessClient
 from arl.intercept.handler import ChatHandler, SamplingDefaults
 from arl.intercept.server import ProxyServer
 from arl.intercept.tracker import Keep, MessageTracker, Request, TrackedSample
-from arl.rollout.base import EnvManager, Episode, EpisodeSpec, request_seed, state_hash
+from arl.rollout.base import EnvManager, Episode, EpisodeSpec, request_seed
 from arl.rollout.records import EXIT_REASONS, Sample, Trajectory, Turn
 from arl.rollout.runners import RunnerFactory, gym_runner
 

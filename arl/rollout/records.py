@@ -9,11 +9,11 @@ trajectory's env, and one Sample per branch: its forked action, in the trunk's s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
-Status = Literal["Finished", "Failed", "NoData", "Timeout"]
+from arl.agents.runner import RunnerStatus
 
 # Why an episode ended. Normal: the game ended or its step limit hit. Abnormal: everything else;
 # abnormal episodes can be masked out of the loss (`collate(..., mask_abnormal=True)`).
@@ -79,7 +79,7 @@ class Trajectory:
     turns: list[Turn] = attrs.Factory(list)
     episode_score: float = 0.0
     success: bool = False
-    status: Status = "Finished"
+    status: RunnerStatus = "Finished"  # the runner vocabulary (arl.agents.runner.STATUSES), for every manager
     exit_reason: str = "terminated"
     error: str | None = None  # the exception text for abnormal exits
     traceback: str | None = None  # the formatted traceback of the exception that ended the episode

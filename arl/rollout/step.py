@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from arl.engine.tokens import TokenRow
+from arl.envs.game import state_hash
 from arl.envs.prompts import compact_messages, history_action, step_messages
-from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids, state_hash
+from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids
 from arl.rollout.records import Sample, Trajectory, Turn
 
 

@@ -53,9 +53,10 @@ import attrs
 import cattrs
 
 from arl.config import RolloutConfig
+from arl.envs.game import state_hash
 from arl.integrations.verl.engine import ServerEngine
 from arl.intercept.template import chat_ids
-from arl.rollout.base import Episode, EpisodeSpec, state_hash
+from arl.rollout.base import Episode, EpisodeSpec
 from arl.rollout.factory import close_manager, make_manager
 from arl.rollout.records import Turn
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from arl.engine.scripted import ScriptedEngine
+from arl.envs.game import state_hash
 from arl.envs.prompts import traj_messages_start, traj_user_message
 from arl.envs.text import TextEnv
 from arl.intercept.template import chat_ids, end_of_turn_ids
-from arl.rollout.base import state_hash
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,9 @@ import torch
 from arl.algo.advantages import gigpo, grpo
 from arl.config import ManagerConfig
 from arl.engine.scripted import ScriptedEngine
+from arl.envs.game import state_hash
 from arl.integrations.verl.gigpo import row_fields, token_advantages
-from arl.rollout.base import EpisodeSpec, state_hash
+from arl.rollout.base import EpisodeSpec
 from arl.rollout.traj import TrajEnvManager
 
 ROLLOUT = {"mode": "traj", "manager": {"max_tokens": 24, "max_turns": 5}}
