@@ -75,6 +75,9 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     keyed = [t.info["state_key"] for t in turns if "state_key" in t.info]
     if keyed:  # proxy mode: the share of GiGPO state keys named by the runner (else a message hash)
         out["rollout/state_key_from_runner_rate"] = _mean([float(k == "runner") for k in keyed])
+    reported = [t.info["step_report"] for t in turns if "step_report" in t.info]
+    if reported:  # proxy mode: turns whose runner's step reports could not be lined up with its calls
+        out["rollout/step_report_mismatch_rate"] = _mean([float(r == "mismatch") for r in reported])
     # Every known reason, zeros included, so logged curves do not start and stop; plus any other.
     exits = Counter(tr.exit_reason for tr in trajs)
     for reason in sorted(EXIT_REASONS | set(exits)):

@@ -14,7 +14,7 @@ from arl.engine.scripted import ScriptedEngine
 from arl.envs.prompts import traj_messages_start, traj_user_message
 from arl.envs.text import TextEnv
 from arl.intercept import ProxyServer
-from arl.rollout import EpisodeSpec, GroupScheduler, TrajEnvManager, chat_ids, collate
+from arl.rollout import EpisodeSpec, GroupScheduler, TrajEnvManager, chat_ids, collate, rollout_metrics
 from arl.rollout.base import end_of_turn_ids
 from arl.rollout.proxy import ProxyEnvManager, gym_runner_factory
 
@@ -325,6 +325,7 @@ async def test_step_reports_that_do_not_line_up_are_said_loudly_and_counted(scri
     assert len(turns) == 2 and all(t.reward == 0.0 and t.info["state_key"] == "message" for t in turns)
     assert all(t.info["step_report"] == "mismatch" for t in turns)
     assert manager.step_report_mismatches == 1
+    assert rollout_metrics([episode])["rollout/step_report_mismatch_rate"] == 1.0
     assert "3 step scores and 3 step infos for 2 model calls" in caplog.text
     honest = await ProxyEnvManager(scripted, ManagerConfig(max_tokens=24, max_turns=2), tracker_mode="step").run_episode(
         spec(seed=3))
