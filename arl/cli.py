@@ -260,7 +260,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
           f"trainer = weights + master + grads + AdamW + max(activations, step temporaries). "
           + ("Sleep mode: total = max(weights + master + AdamW + engine, trainer + engine overhead). "
              if args.sleep_mode else "total = trainer + engine. ") +
-          f"✓: total <= {args.usable:g} x the GPU. Formulas: arl/plan.py.")
+          f"✓: total <= {args.usable:g} x the GPU. Formulas: arl/plan/terms.py.")
     return 0
 
 

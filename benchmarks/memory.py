@@ -1,4 +1,4 @@
-"""Memory: the planner's prediction (`arl plan`, arl/plan.py) beside measured peak memory on CPU.
+"""Memory: the planner's prediction (`arl plan`, arl/plan/) beside measured peak memory on CPU.
 
     .venv/bin/python benchmarks/memory.py            # tiny + SmolLM2-135M: trainer steps, vLLM engine, peaks (~8 min, 2 cores)
     .venv/bin/python benchmarks/memory.py --quick    # tiny, full fine-tune step only (~15 s)

@@ -41,11 +41,11 @@ PACKAGE = "arl"
 # the units of one tier do not import each other.
 LAYERS: list[tuple[str, ...]] = [
     ("arl.config",),  # the config records: plain data, no other arl module
-    ("arl.algo", "arl.envs", "arl.model_smollm2", "arl.demo"),  # pure math; the games; one zoo builder
+    ("arl.algo", "arl.envs", "arl.demo"),  # pure math; the games
     ("arl.models",),  # the zoo: the tiny tokenizer is trained on the games' prompts
-    ("arl.engine", "arl.model_shapes"),  # engines load zoo models; the planner reads zoo shapes
-    ("arl.intercept", "arl.agents", "arl.memory_terms"),  # the chat proxy over an engine; agent code on the games
-    ("arl.rollout", "arl.plan"),  # managers run games, agents and the proxy against an engine
+    ("arl.engine", "arl.plan"),  # engines load zoo models; the memory planner reads zoo shapes
+    ("arl.intercept", "arl.agents"),  # the chat proxy over an engine; agent code on the games
+    ("arl.rollout",),  # managers run games, agents and the proxy against an engine
     ("arl.train",),  # the trainer drives rollouts
     ("arl.viz",),  # HTML views of samples and run dirs: reads records and metrics.jsonl, drives nothing
     ("arl.integrations",),  # other frameworks driving arl's rollouts

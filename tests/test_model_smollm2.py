@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from arl import model_smollm2
-from arl.model_smollm2 import SmolLM2BuildError
+from arl.models import smollm2 as model_smollm2
+from arl.models.smollm2 import SmolLM2BuildError
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The memory planner (arl/plan.py, `arl plan`): parameter counts against transformers and the
+"""The memory planner (arl/plan/, `arl plan`): parameter counts against transformers and the
 model cards, LoRA counts against peft, the worked examples, the fit decisions, the CLI table, and
 benchmarks/memory.py's predicted-vs-measured smoke run."""
 
@@ -13,8 +13,6 @@ from pathlib import Path
 import attrs
 import pytest
 
-from arl import memory_terms
-from arl import plan as plan_mod
 from arl.cli import main
 from arl.models import UnknownModelError
 from arl.plan import (
@@ -30,7 +28,9 @@ from arl.plan import (
     model_shape,
     parameter_count,
     plan_memory,
+    planner,
     standard_settings,
+    terms,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL_CARD_BILLIONS = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61}
 
 
-@pytest.mark.parametrize("module", [plan_mod, memory_terms], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [planner, terms], ids=lambda m: m.__name__)
 def test_doctests(module):
     failures, tried = doctest.testmod(module)
     assert tried >= 2 and failures == 0
@@ -194,7 +194,7 @@ def test_layer_activations_equal_what_autograd_saves(name, dtype, padded, lora_r
         pytest.importorskip("peft")
     shape = attrs.evolve(KNOWN_SHAPES[name], vocab_size=512)  # the head is not what this checks
     one, two = (_saved_bytes_per_token(shape, n, dtype=dtype, padded=padded, lora_rank=lora_rank) for n in (1, 2))
-    assert two - one == plan_mod.layer_activation_bytes(shape, dtype, 96, padded=padded, lora_rank=lora_rank)
+    assert two - one == terms.layer_activation_bytes(shape, dtype, 96, padded=padded, lora_rank=lora_rank)
 
 
 @pytest.mark.parametrize(("name", "dtype", "lora_rank"), [
@@ -224,7 +224,7 @@ def test_kept_positions_activations_equal_what_autograd_saves(name, dtype, lora_
         assert measured == plan - unsaved + index_vectors - first_norm
     # the whole row through the head costs the vocabulary terms at every position
     whole = activation_bytes(shape, rows, seq_len, dtype, checkpointing=False, lora_rank=lora_rank, accumulating=False)
-    a_head = b * v + plan_mod.head_activation_bytes(shape, dtype, lora_rank=lora_rank) + 3 * 4 * v
+    a_head = b * v + terms.head_activation_bytes(shape, dtype, lora_rank=lora_rank) + 3 * 4 * v
     assert whole - plan == rows * (seq_len - 72) * a_head
 
 
@@ -233,7 +233,7 @@ def test_accumulating_full_fine_tune_adds_lm_heads_weight_gradient():
     and their gradient: the peak of a full fine-tune with short responses, not with long ones."""
     shape, b = KNOWN_SHAPES["qwen2.5-7b"], 2
     v, h = shape.vocab_size, shape.hidden_size
-    a_head = b * v + plan_mod.head_activation_bytes(shape, "bf16") + 3 * 4 * v
+    a_head = b * v + terms.head_activation_bytes(shape, "bf16") + 3 * 4 * v
 
     def act(response_len, accumulating, lora_rank=None):
         return activation_bytes(shape, 1, 4096, "bf16", checkpointing=False, response_len=response_len,

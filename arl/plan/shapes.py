@@ -1,4 +1,4 @@
-"""Model shapes for the memory planner (`arl/plan.py`): the numbers of a decoder-only model that
+"""Model shapes for the memory planner (`arl.plan`): the numbers of a decoder-only model that
 decide its memory, for the zoo and the Qwen2.5 sizes (offline, each row citing its hub
 config.json), or read from a local directory's config.json.
 """

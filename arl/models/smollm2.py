@@ -114,10 +114,10 @@ def _run_converter(gguf: Path, dest: Path) -> None:
     """Run `convert_gguf` in a child interpreter (see the module docstring for why)."""
     env = dict(os.environ)
     # The child must import this very package, installed or not.
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env["HF_HUB_OFFLINE"] = "1"  # everything is local; never let transformers reach for a hub
-    cmd = [sys.executable, "-m", "arl.model_smollm2", str(gguf), str(dest)]
+    cmd = [sys.executable, "-m", "arl.models.smollm2", str(gguf), str(dest)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise SmolLM2BuildError(

@@ -14,7 +14,7 @@ arl runs the trainer and the vLLM engine in one process on one GPU, so both are 
               + max(activations of one micro-batch, optimizer temporaries)
     engine  = weights (bf16) + KV cache + LoRA slots + overhead (a stated assumption)
 
-Every term is a function in `arl.memory_terms` with its equation, its edge cases and a worked example. Bytes
+Every term is a function in `arl.plan.terms` with its equation, its edge cases and a worked example. Bytes
 everywhere; GPU sizes are GiB (2**30 bytes: nvidia-smi shows a "24 GB" card as ~24 GiB, an
 "80 GB" A100/H100 as 80 GiB, a "141 GB" H200 as ~140 GiB). A setting *fits* when its total is at
 most `usable` (default 0.9, vLLM's default gpu_memory_utilization) of the GPU: the rest is left
@@ -35,7 +35,8 @@ from typing import Literal
 
 import attrs
 
-from arl.memory_terms import (  # noqa: F401  (re-exported: arl.plan is the one import point)
+from arl.plan.shapes import ModelShape
+from arl.plan.terms import (
     ADAM_STATE_BYTES,
     ALL_LINEAR,
     BYTES,
@@ -43,36 +44,13 @@ from arl.memory_terms import (  # noqa: F401  (re-exported: arl.plan is the one 
     DType,
     GiB,
     activation_bytes,
-    head_activation_bytes,
     kv_cache_bytes,
-    layer_activation_bytes,
     lora_parameter_count,
     parameter_count,
     projection_shapes,
 )
-from arl.model_shapes import KNOWN_SHAPES, ModelShape, model_shape, shape_from_config  # noqa: F401  (re-exported)
 
-__all__ = [
-    "ALL_LINEAR",
-    "BYTES",
-    "GiB",
-    "KNOWN_SHAPES",
-    "EngineSetting",
-    "MemoryPlan",
-    "ModelShape",
-    "TrainSetting",
-    "activation_bytes",
-    "head_activation_bytes",
-    "kv_cache_bytes",
-    "layer_activation_bytes",
-    "lora_parameter_count",
-    "model_shape",
-    "parameter_count",
-    "plan_memory",
-    "projection_shapes",
-    "shape_from_config",
-    "standard_settings",
-]
+__all__ = ["EngineSetting", "MemoryPlan", "TrainSetting", "plan_memory", "standard_settings"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -224,6 +202,7 @@ def plan_memory(shape: ModelShape, train: TrainSetting, engine: EngineSetting | 
     2 x 246,272 per layer, 128 final norm): 4P + 4P + 8P = 9,310,208 bytes of state; activations
     45,547,520 (see `activation_bytes`) > temporaries 2 * 4 * 89,216 + 1024 * 697 * 4 = 3,568,640.
 
+    >>> from arl.plan.shapes import KNOWN_SHAPES
     >>> p = plan_memory(KNOWN_SHAPES["tiny"], TrainSetting(micro_batch=4, seq_len=256, device="cpu"), None)
     >>> p.parameters, p.weights + p.gradients + p.optimizer, p.activations, p.trainer_bytes
     (581888, 9310208, 45547520, 54857728)
