@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.arl-installed
 
-.PHONY: install test demo lint clean
+.PHONY: install test demo lint clean interop
 
 install: $(STAMP)
 
@@ -24,6 +24,25 @@ test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl
 
+# Four agent frameworks run unchanged against arl (tests/interop; pins: setup.cfg's `interop` extra):
+# push-mode agents under their own venv (.venv-interop), the in-process variant with the same pins in
+# arl's venv (installed constrained to what it holds), the tests in a loopback-only network
+# namespace (root: `unshare -n`; elsewhere try UNSHARE="unshare -rn"). Not part of `make test`.
+INTEROP_VENV ?= .venv-interop
+INTEROP_STAMP := $(INTEROP_VENV)/.arl-interop
+UNSHARE ?= unshare -n
+
+$(INTEROP_STAMP): setup.cfg scripts/interop_venv.sh
+	INTEROP_VENV=$(INTEROP_VENV) bash scripts/interop_venv.sh
+	touch $@
+
+$(VENV)/.arl-interop: $(STAMP) setup.cfg scripts/interop_venv.sh
+	bash scripts/interop_venv.sh --into $(VENV)
+	touch $@
+
+interop: $(INTEROP_STAMP) $(VENV)/.arl-interop
+	ARL_REQUIRE_INTEROP=1 ARL_INTEROP_VENV=$(INTEROP_VENV) $(UNSHARE) sh -c '{ ip link set lo up 2>/dev/null || $(PY) scripts/lo_up.py; } && exec $(PY) -m pytest -q -p no:cacheprovider tests/interop $(PYTEST_ARGS)'
+
 demo: $(STAMP)
 	$(PY) -m arl.cli demo
 
@@ -31,4 +50,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check arl tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build *.egg-info
+	rm -rf $(VENV) $(VERL_VENV) $(INTEROP_VENV) build *.egg-info

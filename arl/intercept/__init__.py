@@ -4,7 +4,8 @@ Agent code calls an OpenAI-compatible ``client.chat.completions.create(...)``; t
 an env manager's handler either as a plain function call (`InProcessClient`) or over loopback
 HTTP (`ProxyServer`, for agents in other processes), or through an ``httpx`` transport that
 calls the handler in process (`InProcessTransport`, for frameworks that take an ``openai`` client
-or an ``http_client``). ``client.responses.create`` (the Responses API, `arl.intercept.responses`)
+or an ``http_client``; `SyncInProcessTransport` for synchronous ones run in a worker thread).
+``client.responses.create`` (the Responses API, `arl.intercept.responses`)
 is converted to the same chat path. `MessageTracker` turns the calls of one episode into exact
 token sequences for training.
 """
@@ -50,6 +51,7 @@ __all__ = [
     "ProxyServer",
     "ResponseStore",
     "SamplingDefaults",
+    "SyncInProcessTransport",
     "TemplateError",
     "TrackedSample",
     "Unauthorized",
@@ -67,8 +69,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    if name == "InProcessTransport":  # lazily: it imports the openai client's httpx
-        from arl.intercept.transport import InProcessTransport
+    if name in ("InProcessTransport", "SyncInProcessTransport"):  # lazily: they import the openai client's httpx
+        from arl.intercept import transport
 
-        return InProcessTransport
+        return getattr(transport, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

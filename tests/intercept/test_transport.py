@@ -153,3 +153,67 @@ async def test_concurrent_episodes_share_one_client(tiny_tokenizer):
     for ep in episodes.values():
         ep.assert_token_exact()
         assert ep.samples() == first and len(ep.gens) == 4
+
+
+def sync_play(client) -> list:
+    """`play` with the synchronous ``openai.OpenAI`` (what smolagents' OpenAIModel builds)."""
+    out = []
+    history = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    completion = client.chat.completions.create(model="arl", messages=history, tools=TOOLS)
+    out.append(completion.choices[0].message.content)
+    history.append(completion.choices[0].message)
+    history.append({"role": "user", "content": "again"})
+    chunks = list(client.chat.completions.create(model="arl", messages=history, tools=TOOLS, stream=True))
+    out.append([t.function.name for c in chunks for t in c.choices[0].delta.tool_calls or () if t.function.name])
+    events = list(client.responses.create(model="arl", input="go", instructions="s", tools=RESPONSE_TOOLS,
+                                          stream=True))
+    response = events[-1].response
+    out.append(response.output_text)
+    follow = client.responses.create(model="arl", input=[{"role": "user", "content": "more"}],
+                                     previous_response_id=response.id, instructions="s", tools=RESPONSE_TOOLS)
+    out.append([(o.type, o.name) if o.type == "function_call" else (o.type, o.content[0].text) for o in follow.output])
+    out.append([m.id for m in client.models.list().data])
+    return out
+
+
+async def test_sync_transport_in_a_worker_thread_answers_as_the_async_one(tiny_tokenizer):
+    """A synchronous agent run in a worker thread: each request is answered on the loop by the
+    same code as the async transport, with the same replies and samples."""
+    from arl.intercept.transport import SyncInProcessTransport, sync_transport_client
+
+    ref, routed, direct = Episode(tiny_tokenizer), Episode(tiny_tokenizer), Episode(tiny_tokenizer)
+    async with (transport_client(InProcessTransport.for_handler(ref.handler, "e")) as http_client,
+                openai.AsyncOpenAI(base_url=BASE_URL, api_key="arl", max_retries=0, http_client=http_client) as c):
+        expected = await play(c)
+    server = ProxyServer()
+    server.register("tok", routed.handler)
+    for transport, key in ((SyncInProcessTransport(server), "tok"), (SyncInProcessTransport.for_handler(direct.handler),
+                                                                     "any")):
+        with (sync_transport_client(transport) as http,
+              openai.OpenAI(base_url=BASE_URL, api_key=key, max_retries=0, http_client=http) as client):
+            assert await anyio.to_thread.run_sync(sync_play, client) == expected
+    assert server.stats["requests"] == 5 and server.stats["streams"] == 2
+    for ep in (routed, direct):
+        ep.assert_token_exact()
+        assert ep.samples() == ref.samples()
+
+
+async def test_sync_transport_refuses_the_loop_thread_and_times_out(tiny_tokenizer):
+    from arl.intercept.transport import SyncInProcessTransport, sync_transport_client
+
+    ep = Episode(tiny_tokenizer)
+    with sync_transport_client(SyncInProcessTransport.for_handler(ep.handler)) as http:
+        with pytest.raises(RuntimeError, match="worker thread"):  # the loop would wait for itself
+            http.get(f"{BASE_URL}/models")
+    started = anyio.Event()
+
+    async def slow(env_id, request):
+        started.set()
+        await anyio.sleep(60)
+
+    with (sync_transport_client(SyncInProcessTransport.for_handler(slow)) as http,
+          openai.OpenAI(base_url=BASE_URL, api_key="k", max_retries=0, http_client=http, timeout=0.3) as client):
+        with anyio.fail_after(20), pytest.raises(openai.APITimeoutError):
+            await anyio.to_thread.run_sync(
+                lambda: client.chat.completions.create(model="arl", messages=[{"role": "user", "content": "x"}]))
+    assert started.is_set()

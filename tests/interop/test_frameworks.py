@@ -1,0 +1,227 @@
+"""Four agent frameworks, unchanged and with their default settings, play an episode against arl:
+langchain-openai, openai-agents, pydantic-ai and smolagents (versions: setup.cfg's ``interop``
+extra), each through its plain and its streaming entry point, over both transports:
+
+- ``http``: push mode (`ProxyEnvManager(transport="http")`, `PushModeRunner`): the agent program
+  (``agents/<framework>_agent.py``) is its own OS process under the interop venv's python, its
+  framework finding arl through OPENAI_BASE_URL / OPENAI_API_KEY alone;
+- ``inprocess``: the same program's ``play`` in this process, given arl's httpx transport
+  (`InProcessTransport`; `SyncInProcessTransport` for smolagents, run in a worker thread) the
+  framework's own way of taking a client.
+
+The model is arl's scripted engine answering with the tool call, then the final answer, in the
+format the framework expects. Checked per case: the framework ran the tool once and returned the
+answer (the agent's own verdict, its score); every call reached the API the framework uses by
+default (chat completions or the Responses API), streamed when the entry point streams, with the
+framework's default stop strings; and every sample's response tokens (mask 1) and log-probs are
+exactly the ones the engine sampled (a prefix of them where a stop string cut the reply, ending
+at the token that completed it). History: the three frameworks that send the model's replies
+back as they got them chain into one trajectory (no fork); smolagents rewrites them (counted as
+history rewrites, one step sample per call).
+
+Run under `make interop` (the venvs, then these tests in a loopback-only network namespace).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from arl.agents import PushModeRunner
+from arl.agents.runner import AgentRunner, EpisodeResult
+from arl.config import ManagerConfig
+from arl.engine.scripted import ScriptedEngine
+from arl.intercept import exchange as exchange_mod
+from arl.intercept.handler import ChatHandler
+from arl.intercept.transport import (
+    BASE_URL,
+    InProcessTransport,
+    SyncInProcessTransport,
+    sync_transport_client,
+    transport_client,
+)
+from arl.rollout import EpisodeSpec
+from arl.rollout.proxy import ProxyEnvManager
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+AGENTS = Path(__file__).resolve().parent / "agents"
+SMOL_STOPS = ("Observation:", "Calling tools:")
+
+
+@attrs.frozen
+class Case:
+    module: str  # agents/<module>.py
+    package: str  # what must import for the in-process variant
+    api: str  # "chat" | "responses": the endpoint the framework calls by default
+    stream: bool
+    stop: tuple[str, ...] = ()  # the framework's default stop strings
+    rewrites: bool = False  # the framework re-sends the model's replies in its own form
+    sync: bool = False  # a synchronous framework (in process: a worker thread, the sync transport)
+
+
+CASES = {
+    "langchain-ainvoke": Case("langchain_agent", "langchain_openai", "chat", False),
+    "langchain-astream": Case("langchain_agent", "langchain_openai", "chat", True),
+    "openai_agents-run": Case("openai_agents_agent", "agents", "responses", False),
+    "openai_agents-run_streamed": Case("openai_agents_agent", "agents", "responses", True),
+    "pydantic_ai-run": Case("pydantic_ai_agent", "pydantic_ai", "responses", False),
+    "pydantic_ai-run_stream": Case("pydantic_ai_agent", "pydantic_ai", "responses", True),
+    "smolagents-tool_calling": Case("smolagents_agent", "smolagents", "chat", False, SMOL_STOPS, True, True),
+    "smolagents-tool_calling_stream": Case("smolagents_agent", "smolagents", "chat", True, SMOL_STOPS, True, True),
+    "smolagents-code": Case("smolagents_agent", "smolagents", "chat", False, (*SMOL_STOPS, "</code>"), True, True),
+    "smolagents-code_stream": Case("smolagents_agent", "smolagents", "chat", True, (*SMOL_STOPS, "</code>"), True,
+                                   True),
+    # not defaults: ToolCallingAgent with tool_choice "auto" (the one setting changed, below)
+    "smolagents-tool_calling_auto": Case("smolagents_agent", "smolagents", "chat", False, SMOL_STOPS, True, True),
+    "smolagents-tool_calling_auto_stream": Case("smolagents_agent", "smolagents", "chat", True, SMOL_STOPS, True,
+                                                True),
+}
+# smolagents' ToolCallingAgent sends tool_choice "required" with every call, and arl refuses it
+# (400, `arl.intercept.protocol._tool_choice`: none of arl's engines can enforce it). Until that
+# is decided these two cases check the refusal, then report xfail; the *_auto cases show that
+# nothing else stands in the way.
+REFUSES_REQUIRED = ("smolagents-tool_calling", "smolagents-tool_calling_stream")
+REFUSAL = "tool_choice 'required' cannot be enforced"
+
+
+def load(module: str) -> Any:
+    """The agent program as a module (it imports its framework only when it plays)."""
+    spec = importlib.util.spec_from_file_location(f"arl_interop_{module}", AGENTS / f"{module}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def script_of(case: str) -> list[str]:
+    mod, entry = load(CASES[case].module), case.split("-", 1)[1]
+    return list(getattr(mod, "SCRIPTS", {}).get(entry) or mod.SCRIPT)
+
+
+class RecordingEngine(ScriptedEngine):
+    """The scripted engine, keeping every generation it returned (the sampled tokens)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.generations: list[Any] = []
+
+    async def _generate_n(self, prompt: list[int], params: Any) -> list[Any]:
+        out = await super()._generate_n(prompt, params)
+        self.generations += out
+        return out
+
+
+class InProcessAgent(AgentRunner):
+    """The agent program's ``play`` in this process, on the episode's handler through arl's
+    httpx transport (the async one, or for a synchronous framework the sync one in a thread)."""
+
+    def __init__(self, client: Any, case: Case, entry: str) -> None:
+        super().__init__(client)
+        self.case, self.entry, self.program = case, entry, load(case.module)
+
+    async def run_job(self, seed: int) -> EpisodeResult:
+        handler, env_id = self.client.handler, self.client.env_id
+        if self.case.sync:
+            with sync_transport_client(SyncInProcessTransport.for_handler(handler, env_id)) as http:
+                play = functools.partial(self.program.play_sync, self.entry, http_client=http, base_url=BASE_URL)
+                result = await anyio.to_thread.run_sync(play)
+        else:
+            async with transport_client(InProcessTransport.for_handler(handler, env_id)) as http:
+                result = await self.program.play(self.entry, http_client=http, base_url=BASE_URL)
+        return EpisodeResult.from_json(result)
+
+
+@pytest.fixture
+def wire(monkeypatch):
+    """What reached arl: each call's `ChatRequest` and, per Responses-API call, its ``stream``."""
+    seen: dict[str, list[Any]] = {"chat": [], "responses": []}
+    call, respond = ChatHandler.__call__, exchange_mod.respond
+
+    async def recording_call(self, env_id, request):
+        seen["chat"].append(request)
+        return await call(self, env_id, request)
+
+    async def recording_respond(handler, env_id, body):
+        seen["responses"].append(body.get("stream") if isinstance(body, dict) else None)
+        return await respond(handler, env_id, body)
+
+    monkeypatch.setattr(ChatHandler, "__call__", recording_call)
+    monkeypatch.setattr(exchange_mod, "respond", recording_respond)
+    return seen
+
+
+def spec() -> EpisodeSpec:
+    return EpisodeSpec(env_id="interop", seed=0, group_id="interop_0", episode_id=0)
+
+
+def check_samples(episode: Any, engine: RecordingEngine, tokenizer: Any, case: Case) -> None:
+    """One step sample per call; its masked tokens and log-probs are the sampled ones (a prefix
+    ending at the token that completed a stop string, where one cut the reply)."""
+    generations = engine.generations
+    assert len(episode.samples) == len(generations)
+    for sample, gen in zip(episode.samples, generations, strict=True):
+        picked = [k for k, m in enumerate(sample.response_mask) if m]
+        tokens = [sample.input_ids[k] for k in picked]
+        assert picked and picked == list(range(picked[0], picked[0] + len(tokens)))  # one contiguous reply
+        sampled = list(gen.token_ids)
+        assert tokens == sampled[: len(tokens)], "the sample's reply is not the sampled tokens"
+        assert [sample.old_logprobs[k] for k in picked] == pytest.approx(list(gen.logprobs[: len(tokens)]))
+        if len(tokens) < len(sampled):  # cut by a stop string: at the token that completed it
+            text, before = tokenizer.decode(tokens), tokenizer.decode(tokens[:-1])
+            assert any(s in text for s in case.stop) and not any(s in before for s in case.stop)
+    tracker = episode.samples[-1].info["tracker"]
+    if case.rewrites:
+        assert tracker["history_rewrites"] == len(generations) - 1
+    else:  # the model's replies came back as they were sent: one trajectory, no fork
+        assert tracker["forks"] == tracker["history_rewrites"] == tracker["untracked_assistant"] == 0
+
+
+@pytest.mark.parametrize("transport", ["http", "inprocess"])
+@pytest.mark.parametrize("name", list(CASES))
+async def test_framework_plays_an_episode(name, transport, tiny_tokenizer, wire, request, require_module):
+    case, entry = CASES[name], name.split("-", 1)[1]
+    if transport == "http":
+        python = request.getfixturevalue("interop_python")
+
+        def factory(client, s):
+            return PushModeRunner(client, [python, str(AGENTS / f"{case.module}.py"), entry], timeout_s=240)
+    else:
+        require_module(case.package)
+
+        def factory(client, s):
+            return InProcessAgent(client, case, entry)
+
+    script = script_of(name)
+    engine = RecordingEngine(tiny_tokenizer, responses=script, max_model_len=1 << 16)
+    config = ManagerConfig(max_tokens=256, episode_timeout_s=280)
+    async with ProxyEnvManager(engine, config, factory, transport=transport, tracker_mode="step") as manager:
+        episode = await manager.run_episode(spec())
+    traj = episode.trajectory
+    if name in REFUSES_REQUIRED:  # the first call was refused: the agent failed with arl's 400
+        assert (traj.status, traj.exit_reason) == ("Failed", "agent_error") and REFUSAL in (traj.error or "")
+        assert engine.generations == [] and wire["chat"] == []  # refused before the handler
+        pytest.xfail("smolagents' ToolCallingAgent sends tool_choice 'required', which arl refuses (400)")
+    assert (traj.status, traj.exit_reason) == ("Finished", "terminated"), traj.error
+    assert traj.episode_score == 1.0 and traj.success, traj.error
+    assert len(engine.generations) == len(script)
+    requests = wire["chat"]
+    assert len(requests) == len(script)
+    assert len(wire["responses"]) == (len(script) if case.api == "responses" else 0)
+    assert all(r.stream == case.stream for r in requests)
+    assert all(bool(r.tools) == (not entry.startswith("code")) for r in requests)  # CodeAgent sends no tools
+    assert all(tuple(r.stop) == case.stop for r in requests)
+    assert [r.unknown for r in requests] == [()] * len(requests)  # every field it sends is one arl knows
+    check_samples(episode, engine, tiny_tokenizer, case)
+
+
+def test_every_case_has_its_script_and_entry():
+    """The table and the agent programs agree (runs without any framework)."""
+    for name, case in CASES.items():
+        mod, entry = load(case.module), name.split("-", 1)[1]
+        assert entry in mod.ENTRIES and script_of(name)
