@@ -34,7 +34,8 @@ def test_eval_takes_a_training_configs_game_prompts_and_env_kwargs():
     parse = build_parser().parse_args
     smol = eval_rollout(parse(["eval", "m", "--config", "smollm2_frozenlake_gigpo"]))
     assert smol.mode == "step" and smol.manager.prompt_style == "compact" and smol.manager.system_prompt == ""
-    assert smol.manager.env_kwargs == {"cell_separator": " "} and smol.manager.temperature == 0.5  # eval's T
+    assert smol.manager.env_kwargs == {"cell_separator": " ", "surroundings": True}
+    assert smol.manager.temperature == 0.5  # eval's T
     assert smol.num_groups == smol.group_size == 1
     mixed = eval_rollout(parse(["eval", "m", "--config", "smollm2_frozenlake_gigpo", "--temperature", "0",
                                 "--env-kwargs", "{}", "--env", "arl/Sokoban-v0"]))
