@@ -9,7 +9,7 @@ variants interleaved A/B/C in a rotating order, so load drifts hit them alike):
 - ``true`` and ``python -c pass``: `asyncio.create_subprocess_exec("bash", "-c", ...)` with pipes
   (plain), `Sandbox.run` with isolation "none" (the limits wrapper, pipes read under the output
   cap), with "none" in a pull-mode agent given tool uids (as root: each command dropped with
-  ``setpriv`` to a uid of the block, its leftovers reaped by uid; `arl.envs.uid_delegation`) and
+  ``setpriv`` to a uid of the block, its leftovers reaped by uid; `arl.sandbox.uid_delegation`) and
   with "bwrap" (new namespaces per command, binds, the uid drop as root);
 - start-up: `Sandbox(...)` + `close()` (work dir made, chowned, removed; bwrap's probe is cached);
 - bug-fix evaluation: `BugFixEnv.reset` + ``submit()`` (the hidden tests run in the sandbox).
@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import result_path, table, write_result  # noqa: E402
 
 from arl.envs.bugfix import BugFixEnv, assistant_message  # noqa: E402
-from arl.envs.bwrap import fresh_uid_block  # noqa: E402
-from arl.envs.sandbox import Sandbox, SandboxLimits, bwrap_problem  # noqa: E402
-from arl.envs.uid_delegation import TOOL_UIDS_ENV, format_uids  # noqa: E402
+from arl.sandbox.bwrap import fresh_uid_block  # noqa: E402
+from arl.sandbox.sandbox import Sandbox, SandboxLimits, bwrap_problem  # noqa: E402
+from arl.sandbox.uid_delegation import TOOL_UIDS_ENV, format_uids  # noqa: E402
 
 TOOL_UID = "none (tool uid)"  # the variant: "none" in a process given a block of tool uids
 

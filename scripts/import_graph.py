@@ -41,6 +41,7 @@ PACKAGE = "arl"
 # the units of one tier do not import each other.
 LAYERS: list[tuple[str, ...]] = [
     ("arl.config",),  # the config records: plain data, no other arl module
+    ("arl.sandbox",),  # commands without network under limits: the bug-fix env, its tools and pull mode use it
     ("arl.algo", "arl.envs", "arl.demo"),  # pure math; the games
     ("arl.models",),  # the zoo: the tiny tokenizer is trained on the games' prompts
     ("arl.engine", "arl.plan"),  # engines load zoo models; the memory planner reads zoo shapes

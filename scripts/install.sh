@@ -23,7 +23,7 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -U "pip>=24" setuptools wheel 2>&1 | grep -v "is ignored" || true
 
-# bubblewrap: the sandbox of the bug-fix tool env (arl.envs.sandbox); without it commands run
+# bubblewrap: the sandbox of the bug-fix tool env (arl.sandbox.sandbox); without it commands run
 # unisolated (no network namespace, host files writable), which arl says with a warning.
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

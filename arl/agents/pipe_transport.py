@@ -18,7 +18,7 @@ body holds)::
     trainer -> agent   @arl-pull/1 res <id> <status> <n>\\n<JSON body>        its response
 
 Why stdin/stdout and not extra fds: a sandbox hands a process exactly its three standard streams
-(`arl.envs.sandbox.Sandbox.spawn`), nothing else. To keep them from being corrupted by the agent's
+(`arl.sandbox.sandbox.Sandbox.spawn`), nothing else. To keep them from being corrupted by the agent's
 own output, the first use *claims* them: the protocol moves to private duplicates, fd 1 is pointed
 at stderr (so the agent's prints and its children's output still reach the trainer's log, as
 stderr) and fd 0 at /dev/null. Output printed before the claim is harmless: the trainer skips

@@ -25,7 +25,7 @@ task is cancelled) it kills the whole group. Outcomes, all as data:
   (`EpisodeResult.from_bytes`).
 
 Isolation (``isolation``; docs/threat_model.md, "Push-mode agents"): under ``"uid"`` each agent
-process runs as a uid of its own (`arl.envs.bwrap.fresh_uid`, its own group, no supplementary
+process runs as a uid of its own (`arl.sandbox.bwrap.fresh_uid`, its own group, no supplementary
 groups), with its work dir chowned to it and ``HOME`` pointed there, and every process left under
 that uid is killed when the episode ends (`reap_uid`: a daemon that left the process group too).
 The kernel then keeps a sibling's or the trainer's ``/proc/<pid>/environ`` (the bearer token,
@@ -57,8 +57,8 @@ from typing import Any
 import anyio
 
 from arl.agents.runner import MAX_RESULT_BYTES, AgentRunner, ChatClient, EpisodeResult
-from arl.envs.bwrap import fresh_uid, reap_uid
-from arl.envs.hostfs import remove_tree
+from arl.sandbox.bwrap import fresh_uid, reap_uid
+from arl.sandbox.hostfs import remove_tree
 
 log = logging.getLogger(__name__)
 

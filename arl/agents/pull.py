@@ -1,7 +1,7 @@
 """PullModeRunner: the agent is a process in a sandbox with no network; the trainer pulls its calls.
 
 ROLL's pull mode, for agents that cannot open a connection to the trainer. The runner starts
-``command`` in a sandbox (`arl.envs.sandbox.Sandbox`: bubblewrap, no network, a throw-away work
+``command`` in a sandbox (`arl.sandbox.sandbox.Sandbox`: bubblewrap, no network, a throw-away work
 dir; see ``sandbox=``) and then serves it: it repeatedly reads the agent's next pending model
 request from the process's stdout, answers it through ``respond`` — the episode's own handler,
 the same `ChatHandler` / `MessageTracker` path every proxy episode takes
@@ -35,8 +35,8 @@ Requests may overlap; each is answered as soon as the handler returns. Outcomes,
 Tool commands (``tool_isolation``; docs/threat_model.md, "Pull-mode agents"): the agent runs its
 model's commands itself, in sandboxes of its own inside its sandbox, where bubblewrap does not
 nest. Under ``"uid"`` the runner gives each agent a block of uids other than its own
-(`arl.envs.bwrap.fresh_uid_block`; under bwrap the agent gets the power to switch to exactly
-those, `arl.envs.uid_delegation`), and every `arl.envs.sandbox.Sandbox` the agent makes runs its
+(`arl.sandbox.bwrap.fresh_uid_block`; under bwrap the agent gets the power to switch to exactly
+those, `arl.sandbox.uid_delegation`), and every `arl.sandbox.sandbox.Sandbox` the agent makes runs its
 commands as one of them: a command cannot ptrace, signal or read ``/proc/<pid>/environ`` of the
 agent, and whatever is left under those uids dies with the episode (`reap_uids`). Commands the
 agent starts other than through a `Sandbox` run as the agent. It needs root, and a sandbox in
@@ -64,8 +64,8 @@ from arl.agents import process
 from arl.agents.pipe_transport import MAGIC, MAX_BODY, PIPE, TRANSPORT_ENV, header
 from arl.agents.process import INHERITED_ENV, REAP_BOUND_S, STDERR_TAIL, agent_env, unreachable_paths
 from arl.agents.runner import AgentRunner, EpisodeResult
-from arl.envs.bwrap import bwrap_problem, delegation_problem, fresh_uid_block, reap_uids, release_uid_block
-from arl.envs.sandbox import ISOLATIONS, Sandbox, SandboxLimits
+from arl.sandbox.bwrap import bwrap_problem, delegation_problem, fresh_uid_block, reap_uids, release_uid_block
+from arl.sandbox.sandbox import ISOLATIONS, Sandbox, SandboxLimits
 
 # (method, path, body) -> (HTTP status, JSON body): the episode's handler behind a raw request.
 Respond = Callable[[str, str, bytes], Awaitable[tuple[int, bytes]]]
@@ -88,7 +88,7 @@ _log = logging.getLogger(__name__)
 class PullModeRunner(AgentRunner):
     """Runs ``command`` as the agent of one episode and answers its model calls with ``respond``.
 
-    ``sandbox`` is the `arl.envs.sandbox.Sandbox` isolation to ask for: ``"auto"`` (default:
+    ``sandbox`` is the `arl.sandbox.sandbox.Sandbox` isolation to ask for: ``"auto"`` (default:
     bubblewrap when it can start; else the Sandbox warns once and runs ``"none"``, whose losses
     it lists, network access first), ``"bwrap"`` (or fail), ``"none"``; or a factory
     ``() -> Sandbox`` of your own. The sandbox shows this interpreter and arl's source read-only

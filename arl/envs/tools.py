@@ -22,8 +22,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from arl.envs.hostfs import encodable
 from arl.envs.text import TextEnv
+from arl.sandbox.hostfs import encodable
 
 TOOL_NAME = "move"
 

@@ -20,15 +20,15 @@ import textwrap
 import pytest
 
 from arl.agents.pull import PullModeRunner, choose_tool_isolation
-from arl.envs.bwrap import (
+from arl.sandbox.bwrap import (
     TOOL_UID_BLOCK,
     delegation_problem,
     fresh_uid_block,
     release_uid_block,
     uid_processes,
 )
-from arl.envs.sandbox import Sandbox
-from arl.envs.uid_delegation import TOOL_UIDS_ENV, format_uids
+from arl.sandbox.sandbox import Sandbox
+from arl.sandbox.uid_delegation import TOOL_UIDS_ENV, format_uids
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -78,7 +78,7 @@ ATTACK = textwrap.dedent('''
 AGENT = textwrap.dedent('''
     import asyncio, json, os, signal, sys
     from arl.agents.pipe_transport import end_session
-    from arl.envs.sandbox import Sandbox
+    from arl.sandbox.sandbox import Sandbox
 
     received = []
     signal.signal(signal.SIGUSR1, lambda *_: received.append(1))
@@ -149,7 +149,7 @@ def _yama_scope() -> int | None:
 LIMITS_AGENT = textwrap.dedent('''
     import os, subprocess, sys
     from arl.agents.pipe_transport import end_session
-    from arl.envs.uid_delegation import delegated_uids
+    from arl.sandbox.uid_delegation import delegated_uids
 
     def refused(call):
         try:

@@ -107,7 +107,7 @@ async def test_stock_clients_over_the_pipes_in_the_sandbox(tiny_tokenizer):
         metrics["async_calls"] = float(asyncio.run(overlapping()))
 
         async def tool_command():  # an agent's own tool sandbox nests inside this one
-            from arl.envs.sandbox import Sandbox
+            from arl.sandbox.sandbox import Sandbox
             async with Sandbox(python=True) as sandbox:
                 return (await sandbox.run("echo hi")).stdout == "hi\\n"
 

@@ -20,7 +20,7 @@ import pytest
 
 from arl.envs.bugfix import BugFixEnv, JudgeUnavailable, assistant_message, generate_task, solution_calls
 from arl.envs.bugfix import judge as judge_module
-from arl.envs.sandbox import SandboxLimits, bwrap_problem
+from arl.sandbox.sandbox import SandboxLimits, bwrap_problem
 
 pytestmark = pytest.mark.anyio
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unavailable: {bwrap_problem()}")

@@ -23,8 +23,8 @@ import textwrap
 
 import pytest
 
-from arl.envs.cgroups import cgroup_problem
-from arl.envs.sandbox import Sandbox, SandboxLimits, bwrap_problem
+from arl.sandbox.cgroups import cgroup_problem
+from arl.sandbox.sandbox import Sandbox, SandboxLimits, bwrap_problem
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +65,7 @@ def test_no_keyring_shared_with_the_trainer_or_a_later_episode(tmp_path):
         host = lambda *a: subprocess.run([sys.executable, tool, *a], capture_output=True, text=True).stdout.strip()
         assert host("write", "trainer-secret", "s3cret") == "wrote"
         assert host("read", "trainer-secret") == "s3cret"  # precondition: the keyring is shared with children
-        from arl.envs.sandbox import Sandbox
+        from arl.sandbox.sandbox import Sandbox
         async def main():
             async with Sandbox(python=True, read_only=[tool]) as episode:
                 assert "session keyring" not in episode.lost

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from arl.envs import hostfs
 from arl.envs.bugfix.env import BugFixEnv
 from arl.envs.tools import ToolEnv
+from arl.sandbox import hostfs
 
 DEPTH = 3000  # deeper than the recursion limit (rmtree, rglob) and than PATH_MAX (4096 bytes)
 
@@ -183,8 +183,8 @@ def test_digest_of_a_tree_with_fifo_and_unreadable_files_does_not_block(tmp_path
 def test_work_dir_removal_runs_off_the_event_loop(env, monkeypatch):
     """A flooded work dir takes seconds to remove: the end of an episode (submit) and
     `Sandbox.close` remove it in a worker thread, not on the loop every episode shares."""
-    import arl.envs.sandbox as sandbox_module
-    from arl.envs.sandbox import Sandbox
+    import arl.sandbox.sandbox as sandbox_module
+    from arl.sandbox.sandbox import Sandbox
 
     threads = []
     real = sandbox_module.remove_tree

@@ -20,10 +20,10 @@ from arl.engine.scripted import ScriptedEngine
 from arl.envs import register_envs
 from arl.envs.bugfix import BugFixEnv, assistant_message, generate_task, solution_calls, solution_text
 from arl.envs.bugfix.env import ARL_PACKAGE, truncate
-from arl.envs.sandbox import SandboxLimits, bwrap_problem
 from arl.rollout import EpisodeSpec
 from arl.rollout.proxy import ProxyEnvManager
 from arl.rollout.runners import bind_runner
+from arl.sandbox.sandbox import SandboxLimits, bwrap_problem
 
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unavailable: {bwrap_problem()}")
 MODES = ["none", pytest.param("auto", marks=needs_bwrap)]

@@ -17,7 +17,7 @@ import pytest
 from arl.envs.bugfix import run_tests
 from arl.envs.bugfix.judge import judge, passes
 from arl.envs.bugfix.tasks import FAMILIES, generate_task
-from arl.envs.sandbox import Sandbox, SandboxLimits
+from arl.sandbox.sandbox import Sandbox, SandboxLimits
 
 pytestmark = pytest.mark.anyio
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import attrs
 import pytest
 
-from arl.envs import bwrap as bwrap_module
-from arl.envs import capped_output as capped_output_module
-from arl.envs import rlimits as rlimits_module
-from arl.envs import sandbox as sandbox_module
-from arl.envs.bwrap import uid_processes
-from arl.envs.sandbox import CommandResult, Sandbox, SandboxLimits, SandboxUnavailable, bwrap_problem
+from arl.sandbox import bwrap as bwrap_module
+from arl.sandbox import capped_output as capped_output_module
+from arl.sandbox import rlimits as rlimits_module
+from arl.sandbox import sandbox as sandbox_module
+from arl.sandbox.bwrap import uid_processes
+from arl.sandbox.sandbox import CommandResult, Sandbox, SandboxLimits, SandboxUnavailable, bwrap_problem
 
 pytestmark = pytest.mark.anyio
 
@@ -81,7 +81,7 @@ async def test_limits_in_both_modes(isolation, tmp_path):
 async def test_fallback_is_said_plainly(monkeypatch, caplog):
     reason = f"no bwrap in this test {secrets.token_hex(4)}"
     monkeypatch.setattr(sandbox_module, "bwrap_problem", lambda: reason)
-    with caplog.at_level(logging.WARNING, logger="arl.envs.sandbox"):
+    with caplog.at_level(logging.WARNING, logger="arl.sandbox.sandbox"):
         async with Sandbox(FAST) as sb:
             assert sb.isolation == "none"
             assert {"network namespace", "host file system protection"} <= set(sb.lost)
@@ -225,7 +225,7 @@ async def test_leftovers_past_the_bound_are_logged_not_raised(monkeypatch, caplo
         real = bwrap_module.uid_processes
         monkeypatch.setattr(bwrap_module, "uid_processes", lambda u: 1 if u == uid else real(u))  # one never dies
         sb.reap_s = 0.2
-        with caplog.at_level(logging.WARNING, logger="arl.envs.sandbox"):
+        with caplog.at_level(logging.WARNING, logger="arl.sandbox.sandbox"):
             result = await sb.run("echo done")
     assert result.ok and result.stdout == "done\n"
     assert any(f"sandbox uid {uid}: 1 process(es) still listed" in r.getMessage() for r in caplog.records)

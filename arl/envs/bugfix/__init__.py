@@ -1,7 +1,7 @@
 """Bug-fix tasks in a sandbox: generated tasks, the editor tool, the tool env, a scripted solver.
 
 ``arl/BugFix-v0`` (registered by `arl.envs.register_envs`): `BugFixEnv`, every seed a task of
-`generate_task`, commands in an `arl.envs.sandbox.Sandbox`, reward = fraction of hidden tests
+`generate_task`, commands in an `arl.sandbox.sandbox.Sandbox`, reward = fraction of hidden tests
 passing at submit or at the step limit (20 turns).
 """
 

@@ -14,8 +14,8 @@ import reprlib
 from pathlib import Path
 from typing import Any
 
-from arl.envs.hostfs import display_name, encodable
-from arl.envs.sandbox import Sandbox
+from arl.sandbox.hostfs import display_name, encodable
+from arl.sandbox.sandbox import Sandbox
 
 COMMANDS = ("view", "create", "str_replace", "insert")
 MAX_FILE_BYTES = 1 << 20

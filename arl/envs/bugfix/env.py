@@ -42,8 +42,8 @@ from gymnasium import spaces
 from arl.envs.bugfix import editor
 from arl.envs.bugfix.judge import JudgeUnavailable, judge
 from arl.envs.bugfix.tasks import BugFixTask, generate_task
-from arl.envs.hostfs import encodable, tree_digest
-from arl.envs.sandbox import CommandResult, Sandbox, SandboxLimits
+from arl.sandbox.hostfs import encodable, tree_digest
+from arl.sandbox.sandbox import CommandResult, Sandbox, SandboxLimits
 
 RUNNER = Path(__file__).with_name("run_tests.py")
 ARL_PACKAGE = Path(__file__).resolve().parents[2]  # hidden inside the sandbox: it holds the task generator
@@ -386,7 +386,7 @@ class BugFixEnv(gym.Env):
         """The repository's state (GiGPO's anchor): a digest of its files, so equal edits meet."""
         if self.sandbox is None or self.sandbox.closed:
             return ""
-        # Bounded (`arl.envs.hostfs`: at most MAX_DIGEST_ENTRIES entries, MAX_DIGEST_BYTES read,
+        # Bounded (`arl.sandbox.hostfs`: at most MAX_DIGEST_ENTRIES entries, MAX_DIGEST_BYTES read,
         # MAX_DIGEST_DEPTH levels); a work dir beyond that is the one state "repo:over-budget".
         return f"repo:{tree_digest(self.sandbox.workdir)[:16]}"
 

@@ -40,7 +40,7 @@ import attrs
 
 from arl.envs.bugfix import run_tests
 from arl.envs.bugfix.tasks import BugFixTask, TestCase
-from arl.envs.sandbox import CommandResult, Sandbox, SandboxLimits, SandboxUnavailable
+from arl.sandbox.sandbox import CommandResult, Sandbox, SandboxLimits, SandboxUnavailable
 
 RUNNER = Path(run_tests.__file__)
 ARL_PACKAGE = Path(__file__).resolve().parents[2]  # hidden in the judge's sandbox: it holds the task generator

@@ -1,6 +1,6 @@
 """Whole-sandbox limits through cgroups: the memory and the tasks of all a sandbox's processes together.
 
-Why: the rlimits of `arl.envs.rlimits` bind one process each (RLIMIT_AS: a few processes under it
+Why: the rlimits of `arl.sandbox.rlimits` bind one process each (RLIMIT_AS: a few processes under it
 hold several times as much; RLIMIT_NPROC: a uid's processes, not their threads' memory). A cgroup
 binds the sandbox as a whole: ``memory.max`` (v2) / ``memory.limit_in_bytes`` (v1) over every
 process of it and the tmpfs pages they write (``/tmp``, a tmpfs work dir), ``pids.max`` over its

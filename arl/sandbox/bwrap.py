@@ -1,4 +1,4 @@
-"""Bubblewrap for `arl.envs.sandbox`: the command line that isolates a command, and the sandbox's uid.
+"""Bubblewrap for `arl.sandbox.sandbox`: the command line that isolates a command, and the sandbox's uid.
 
 Why a module of its own: what a sandboxed command may see and which uid it runs as is decided
 entirely by the argv built here, so the isolation policy can be read (and audited) in one place;
@@ -10,7 +10,7 @@ entirely by the argv built here, so the isolation policy can be read (and audite
 them replaced by empty dirs; the symlinks through which this interpreter was reached
 (`python_links`: a venv that is a link to another folder); the work dir read-write at
 `SANDBOX_CWD`; a cleared environment; the seccomp filter that refuses the kernel keyring calls
-(`arl.envs.seccomp`: no session keyring shared with the trainer or another episode); and, as
+(`arl.sandbox.seccomp`: no session keyring shared with the trainer or another episode); and, as
 root, the drop to the sandbox's uid.
 
 The uid, as root: a user namespace would keep kernel uid 0, which RLIMIT_NPROC exempts, so bwrap
@@ -19,7 +19,7 @@ stays in the init user namespace and the command drops (`setpriv_argv`) to a uid
 alone, and `reap_uid` can find (and kill) every process a command left behind: bwrap can return
 (killed, and now and then after an ordinary exit) while the kernel still tears its PID namespace
 down. A pull-mode agent's own sandboxes take their uids from a block the trainer gave it
-(`fresh_uid_block`, `arl.envs.uid_delegation`), so its tool commands never run as the agent.
+(`fresh_uid_block`, `arl.sandbox.uid_delegation`), so its tool commands never run as the agent.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from arl.envs import uid_delegation
-from arl.envs.seccomp import filter_fd, no_keyring_filter
+from arl.sandbox import uid_delegation
+from arl.sandbox.seccomp import filter_fd, no_keyring_filter
 
 SANDBOX_CWD = "/workspace"  # where the work dir appears inside bwrap (fixed: outputs do not name temp dirs)
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -74,7 +74,7 @@ def python_links() -> tuple[tuple[str, str], ...]:
 
 def fresh_uid() -> int:
     """A uid for one sandbox, far above any real account's (2**24 <= uid < 2**25). In a process
-    given a block of uids (a pull-mode agent: `arl.envs.uid_delegation.delegated_uids`), the next
+    given a block of uids (a pull-mode agent: `arl.sandbox.uid_delegation.delegated_uids`), the next
     uid of that block instead: the only ones it may switch to. Taken in turn, so two sandboxes of
     the agent share a uid only when it holds more than `TOOL_UID_BLOCK` at once."""
     block = uid_delegation.delegated_uids()
@@ -169,8 +169,8 @@ def bwrap_argv(
     the uid to drop to (as root), None to stay the calling user (bwrap's user namespace);
     ``links``: (target, link) symlinks to make (`python_links`), skipped where the link's place is
     already visible; ``tmp_bytes``: the size of ``/tmp``; ``seccomp_fd``: the keyring filter
-    (`arl.envs.seccomp`), an fd the bwrap process inherits; ``drop``: the argv that drops to
-    ``uid`` (default `setpriv_argv`; `arl.envs.uid_delegation.delegate_argv` for a pull-mode agent).
+    (`arl.sandbox.seccomp`), an fd the bwrap process inherits; ``drop``: the argv that drops to
+    ``uid`` (default `setpriv_argv`; `arl.sandbox.uid_delegation.delegate_argv` for a pull-mode agent).
     """
     argv = _base_argv(uid is not None, tmp_bytes, seccomp_fd)
     made: set[Path] = {Path(p) for p in ("/", "/tmp", "/proc", "/dev", "/etc", *_ROOT_LINKS)}
@@ -208,7 +208,7 @@ def bwrap_argv(
 @functools.cache
 def delegation_problem() -> str | None:
     """None when, as root, a process in a sandbox can be given a block of tool uids
-    (`arl.envs.uid_delegation`: it needs user namespaces; probed once per process, by running
+    (`arl.sandbox.uid_delegation`: it needs user namespaces; probed once per process, by running
     ``true`` as a block uid from a delegated uid in a sandbox), else why not."""
     problem = bwrap_problem()
     if problem is not None:

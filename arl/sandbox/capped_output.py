@@ -3,7 +3,7 @@
 Why a module of its own: `Sandbox.run` must never hold more of a command's output than the caller
 asked for, yet must keep reading (an unread pipe blocks the command and hides its end), and must
 tell a command that only prints a lot from one that floods. Those reading rules are separate
-from starting, limiting and timing the command, which is `arl.envs.sandbox`'s business.
+from starting, limiting and timing the command, which is `arl.sandbox.sandbox`'s business.
 
 The rules, for a budget of ``keep`` bytes and ``drain`` more:
 

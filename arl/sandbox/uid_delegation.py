@@ -4,14 +4,14 @@ Why (docs/threat_model.md, "Pull-mode agents"): a pull-mode agent runs its model
 itself, inside its own sandbox, where bubblewrap does not nest; a command that runs as the agent's
 uid can ptrace it, signal it and read its ``/proc/<pid>/environ``. Only another uid keeps it out,
 and an agent without privileges cannot switch uids. This program, started as root in the agent's
-sandbox (`arl.envs.sandbox.Sandbox.spawn` with ``tool_uids``), puts itself in a user namespace of
+sandbox (`arl.sandbox.sandbox.Sandbox.spawn` with ``tool_uids``), puts itself in a user namespace of
 its own whose only uids are the agent's and the block's, drops to the agent's uid there and keeps
 the few capabilities (`DELEGATED_CAPS`) that running a command as a block uid takes: switching to
 it (``setpriv``), giving it the sandbox's work dir, reading and removing what it wrote, killing
 its leftovers. Capabilities in a user namespace act only on that namespace's uids, so the agent
 gains power over the block's uids and nothing else: root's files and processes, other episodes'
 uids and processes stay as closed to it as before, and ``setuid(0)`` fails (uid 0 has no mapping
-there). The agent learns its block from `TOOL_UIDS_ENV`; `arl.envs.bwrap.fresh_uid` then draws
+there). The agent learns its block from `TOOL_UIDS_ENV`; `arl.sandbox.bwrap.fresh_uid` then draws
 each of its sandboxes' uids from it.
 
 What it costs the agent: inside that namespace the files of unmapped uids (root's ``/usr``, ...)

@@ -18,14 +18,14 @@ Isolation (``Sandbox.isolation`` says which is in force):
   tearing a command's PID namespace down when bwrap has returned (seen after kills and after
   ordinary exits alike), so leftovers are killed and waited for (at most ``Sandbox.reap_s``, 5 s;
   any still listed then are logged as a warning). No kernel keyring is reachable: a seccomp filter
-  refuses the keyring calls (`arl.envs.seccomp`), since a session keyring survives fork, exec and
+  refuses the keyring calls (`arl.sandbox.seccomp`), since a session keyring survives fork, exec and
   the uid drop and would carry keys between the trainer and episodes. With ``python=True`` the
   interpreter's real prefixes are bound (a venv that is a symlink to another folder included) and
-  ``PATH`` names the real one. The command lines are built in `arl.envs.bwrap`.
+  ``PATH`` names the real one. The command lines are built in `arl.sandbox.bwrap`.
 - ``"none"``: the fallback when bwrap is absent or cannot start (no user namespaces). Commands
   run as plain subprocesses in their own process group, in the work dir, with the same limits,
   as the calling user; in a process given a block of tool uids (a pull-mode agent:
-  `arl.envs.uid_delegation`), as a uid of that block instead (``setpriv``; the sandbox's own, as
+  `arl.sandbox.uid_delegation`), as a uid of that block instead (``setpriv``; the sandbox's own, as
   under bwrap as root, its leftovers killed by uid), so they cannot ptrace, signal or read the
   environment of the process that runs them. What is lost (also listed, for the instance in
   force, in ``Sandbox.lost``):
@@ -47,15 +47,15 @@ Isolation (``Sandbox.isolation`` says which is in force):
 
 Limits, in both modes (bash ``ulimit`` in front of the command, so they bind the command and
 everything it starts, and it cannot raise them): CPU seconds, address space, file size, process
-count, no core files (`arl.envs.rlimits`). Those bind each process (or file) alone; the sandbox as
-a whole is bound, where the machine allows, by a cgroup (`arl.envs.cgroups`: memory of all its
+count, no core files (`arl.sandbox.rlimits`). Those bind each process (or file) alone; the sandbox as
+a whole is bound, where the machine allows, by a cgroup (`arl.sandbox.cgroups`: memory of all its
 processes and their tmpfs pages, task count; needs root and a writable memory + pids hierarchy, v2
 or v1), a ``/tmp`` of ``tmp_bytes`` (bwrap) and a work dir that is a tmpfs of ``disk_bytes``
 (mounted by the host, as root). Where a bound cannot be had, ``Sandbox.lost`` says so:
 "whole-sandbox memory limit" (then only RLIMIT_AS per process: ``max_procs`` processes may hold
 ``max_procs * memory_bytes``), "work dir size limit" (then only RLIMIT_FSIZE per file: the work dir
 is on the host disk, unbounded in total). Wall time is enforced here by killing the process
-group; output is read while the command runs (`arl.envs.capped_output`), the first
+group; output is read while the command runs (`arl.sandbox.capped_output`), the first
 ``output_bytes`` kept, up to ``drain_bytes`` more read and dropped (counted), and a command that
 writes beyond that is killed.
 
@@ -85,7 +85,7 @@ from typing import Any
 
 import attrs
 
-from arl.envs.bwrap import (
+from arl.sandbox.bwrap import (
     SANDBOX_CWD,
     bwrap_argv,
     bwrap_problem,
@@ -96,12 +96,12 @@ from arl.envs.bwrap import (
     setpriv_argv,
     uid_processes,
 )
-from arl.envs.capped_output import CappedOutput
-from arl.envs.cgroups import Cgroup, cgroup_problem
-from arl.envs.hostfs import remove_tree
-from arl.envs.rlimits import SandboxLimits, limits_prefix
-from arl.envs.seccomp import filter_fd, no_keyring_filter
-from arl.envs.uid_delegation import PROGRAM, TOOL_UIDS_ENV, delegate_argv, delegated_uids, format_uids
+from arl.sandbox.capped_output import CappedOutput
+from arl.sandbox.cgroups import Cgroup, cgroup_problem
+from arl.sandbox.hostfs import remove_tree
+from arl.sandbox.rlimits import SandboxLimits, limits_prefix
+from arl.sandbox.seccomp import filter_fd, no_keyring_filter
+from arl.sandbox.uid_delegation import PROGRAM, TOOL_UIDS_ENV, delegate_argv, delegated_uids, format_uids
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class CommandResult:
 @functools.cache
 def _warn_fallback(reason: str) -> None:
     log.warning("sandbox isolation 'none' (%s): commands can reach the network and write the host's files "
-                "as this user; see arl.envs.sandbox for what is lost", reason)
+                "as this user; see arl.sandbox.sandbox for what is lost", reason)
 
 
 def _setup_error(stderr: str, exit_code: int | None) -> str | None:
@@ -204,7 +204,7 @@ class Sandbox:
         self.uid: int | None = (fresh_uid() if (root and self.isolation == "bwrap")
                                 or (delegated and self.isolation == "none") else None)
         self.workdir: Path = Path(tempfile.mkdtemp(prefix="arl-sandbox-"))
-        # Whole-sandbox bounds (see arl.envs.rlimits): a work dir of bounded size, a cgroup.
+        # Whole-sandbox bounds (see arl.sandbox.rlimits): a work dir of bounded size, a cgroup.
         self.workdir_mounted = root and _tmpfs_works() and _mount_tmpfs(self.workdir, limits.disk_bytes)
         self.cgroup: Cgroup | None = None
         if root and cgroup_problem() is None:
@@ -297,10 +297,10 @@ class Sandbox:
         """A long-running process (an agent) in the sandbox: pipes for stdin/stdout/stderr, its
         own process group, the CPU/memory/file/process limits (wall time is the caller's).
 
-        ``tool_uids`` (as root; `arl.envs.bwrap.fresh_uid_block`): the uids the process's own
+        ``tool_uids`` (as root; `arl.sandbox.bwrap.fresh_uid_block`): the uids the process's own
         sandboxes run their commands as, never its own. Under bwrap it runs as the sandbox's uid in
         a user namespace that maps only that uid and these, with the capabilities to switch to them
-        (`arl.envs.uid_delegation`); under "none" it stays root, which can switch anyway. Either
+        (`arl.sandbox.uid_delegation`); under "none" it stays root, which can switch anyway. Either
         way `TOOL_UIDS_ENV` in its environment names them."""
         extra: tuple[Path, ...] = ()
         if tool_uids is not None:
@@ -516,7 +516,7 @@ def _cleanup(path: str, mounted: bool, cgroup: Cgroup | None) -> None:
 
 def _remove_tree(path: str) -> None:
     """Remove a work dir whatever the agent left in it: taken permissions, a tree deeper than the
-    recursion limit or PATH_MAX (`arl.envs.hostfs.remove_tree`: iterative, never raises)."""
+    recursion limit or PATH_MAX (`arl.sandbox.hostfs.remove_tree`: iterative, never raises)."""
     remove_tree(path)
 
 

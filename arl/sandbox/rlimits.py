@@ -1,17 +1,17 @@
 """The limits of one sandboxed command, and the ``ulimit`` wrapper that imposes them.
 
 Why a module of its own: the limits are the same in both isolation modes (bubblewrap or none),
-so they belong to neither `arl.envs.bwrap` nor the process handling of `arl.envs.sandbox`; here
+so they belong to neither `arl.sandbox.bwrap` nor the process handling of `arl.sandbox.sandbox`; here
 they can be read next to the one place that turns them into kernel resource limits.
 
 The kernel enforces CPU seconds, address space, file size, process count and (no) core files
 through ``bash``'s ``ulimit`` in front of the command, so they bind the command and everything it
 starts, and it cannot raise them. Wall time and output are enforced by `Sandbox.run` (a kill of
-the process group; `arl.envs.capped_output`).
+the process group; `arl.sandbox.capped_output`).
 
 Those rlimits bind one process (or one file) each. The three ``*_bytes`` limits below them bind
 the sandbox as a whole, where the machine allows (`Sandbox.lost` says where it does not):
-``total_memory_bytes`` all its processes together (a cgroup, `arl.envs.cgroups`),
+``total_memory_bytes`` all its processes together (a cgroup, `arl.sandbox.cgroups`),
 ``tmp_bytes`` its ``/tmp`` (a tmpfs of that size, per command) and ``disk_bytes`` its work dir
 (a tmpfs of that size, as root). The sandbox takes those two of them from the limits it was made
 with; a command's own limits change only ``tmp_bytes`` and the per-process ones.

@@ -1,0 +1,27 @@
+"""The sandbox: one episode's commands without network, under whole-sandbox limits, as a uid of their own.
+
+Not an env: the bug-fix env judges code in it, its tools run commands in it, and pull-mode agents
+run in it. `sandbox` is the API (``Sandbox``, ``SandboxLimits``, ``CommandResult``, the isolation
+table); the rest are its parts: `bwrap` (bubblewrap command lines, uids and reaping), `cgroups`
+(whole-sandbox memory and processes), `rlimits` (per-process limits), `seccomp` (the keyring
+filter), `hostfs` (bounded host-side file work), `capped_output` (output under a cap) and
+`uid_delegation` (tool uids for a pull-mode agent). What it promises: docs/threat_model.md.
+"""
+
+from __future__ import annotations
+
+from arl.sandbox.sandbox import (
+    COMMAND_STATUSES,
+    ISOLATIONS,
+    SANDBOX_CWD,
+    CommandResult,
+    Sandbox,
+    SandboxLimits,
+    SandboxUnavailable,
+    bwrap_problem,
+    limits_prefix,
+    python_paths,
+)
+
+__all__ = ["COMMAND_STATUSES", "ISOLATIONS", "SANDBOX_CWD", "CommandResult", "Sandbox", "SandboxLimits",
+           "SandboxUnavailable", "bwrap_problem", "limits_prefix", "python_paths"]
