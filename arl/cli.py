@@ -157,18 +157,17 @@ def eval_rollout(args: argparse.Namespace) -> Any:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from arl.config import load_config
-    from arl.demo import DEMO_CONFIG, before_after, free_run_name
+    from arl.config import DEMO_CONFIG, load_config
+    from arl.train.run_dir import free_run_name
 
     config = load_config(DEMO_CONFIG, args.overrides)
     config.name = free_run_name(config)  # never resume or overwrite an earlier demo run: a new directory
     setup_logging(args.verbose, config.run_dir / LOG_FILE)
     start = time.perf_counter()
     history = asyncio.run(_train(config, resume=False))
-    pair = before_after(history)
-    if pair:
-        (first, last) = pair
-        b, a = first["eval/success_rate"], last["eval/success_rate"]
+    evals = [row for row in history if "eval/success_rate" in row]  # the warm-start level, the final one
+    if evals:
+        b, a = evals[0]["eval/success_rate"], evals[-1]["eval/success_rate"]
         print(f"\nFrozenLake 4x4 validation success ({config.eval.num_seeds} fixed seeds, T={config.eval.temperature}):")
         print(f"  after the format warm-start: {b:.1%}   after {config.steps} GiGPO steps: {a:.1%}   "
               f"({a / b if b else float('inf'):.1f}x, {100 * (a - b):+.1f} points)")

@@ -354,6 +354,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # the packaged experiments (package data)
+DEMO_CONFIG = CONFIG_DIR / "tiny_frozenlake_gigpo.yaml"  # `make demo` = `arl demo` (README)
 
 
 def packaged_configs() -> list[str]:

@@ -42,7 +42,7 @@ PACKAGE = "arl"
 LAYERS: list[tuple[str, ...]] = [
     ("arl.config",),  # the config records: plain data, no other arl module
     ("arl.sandbox",),  # commands without network under limits: the bug-fix env, its tools and pull mode use it
-    ("arl.algo", "arl.envs", "arl.demo"),  # pure math; the games
+    ("arl.algo", "arl.envs"),  # pure math; the games
     ("arl.models",),  # the zoo: the tiny tokenizer is trained on the games' prompts
     ("arl.engine", "arl.plan"),  # engines load zoo models; the memory planner reads zoo shapes
     ("arl.intercept", "arl.agents"),  # the chat proxy over an engine; agent code on the games

@@ -46,8 +46,8 @@ def test_eval_takes_a_training_configs_game_prompts_and_env_kwargs():
 
 
 def test_demo_picks_a_free_run_directory(tmp_path):
-    from arl.config import load_config
-    from arl.demo import DEMO_CONFIG, free_run_name
+    from arl.config import DEMO_CONFIG, load_config
+    from arl.train.run_dir import free_run_name
 
     config = load_config(DEMO_CONFIG, [f"out_dir={tmp_path}"])
     assert free_run_name(config) == "tiny_frozenlake_gigpo"

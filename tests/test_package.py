@@ -86,7 +86,7 @@ def test_packaged_configs_live_in_the_package():
     assert names == sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
     # the repository's configs/ is the same directory (a symlink), so configs/x.yaml paths keep working
     assert (ROOT / "configs").resolve() == (ROOT / "arl" / "configs").resolve()
-    from arl.demo import DEMO_CONFIG
+    from arl.config import DEMO_CONFIG
 
     assert DEMO_CONFIG.is_file() and DEMO_CONFIG.parent == CONFIG_DIR
 

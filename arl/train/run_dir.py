@@ -33,6 +33,17 @@ def run_artifacts(run_dir: Path) -> list[str]:
     return found
 
 
+def free_run_name(config: Any) -> str:
+    """``config.name``, or ``name-2``, ``name-3``, ... : the first that has no run directory yet
+    (`arl demo` never resumes or overwrites an earlier run)."""
+    base, k = config.name, 1
+    name = base
+    while (Path(config.out_dir) / name).exists():
+        k += 1
+        name = f"{base}-{k}"
+    return name
+
+
 def check_fresh(run_dir: Path, overwrite: bool) -> None:
     """Refuse (`RunExistsError`, naming both ways out) to start a fresh run where a run is, unless
     ``overwrite``: then delete that run's files, and only those."""
@@ -71,4 +82,4 @@ def load_reference(run_dir: Path, model: Any, *, warm_started: bool) -> bool:
     return False
 
 
-__all__ = ["REFERENCE_FILE", "check_fresh", "load_reference", "run_artifacts", "save_reference"]
+__all__ = ["REFERENCE_FILE", "check_fresh", "free_run_name", "load_reference", "run_artifacts", "save_reference"]

@@ -11,6 +11,7 @@ Everything is self-contained HTML: inline CSS, inline SVG, no external URL, no J
 from __future__ import annotations
 
 from arl.viz.report import report_html, write_report
-from arl.viz.tokens import EpisodeView, SampleView, episode_html, sample_html, token_rows
+from arl.viz.tokens import EpisodeView, SampleView, episode_html, sample_html, sample_text, token_rows
 
-__all__ = ["EpisodeView", "SampleView", "episode_html", "report_html", "sample_html", "token_rows", "write_report"]
+__all__ = ["EpisodeView", "SampleView", "episode_html", "report_html", "sample_html", "sample_text", "token_rows",
+           "write_report"]

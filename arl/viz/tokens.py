@@ -125,6 +125,21 @@ def _header(sample: Any, anchor_size: int | None) -> str:
     return '<div class="head">' + " ".join(f"{k} <b>{e(str(v))}</b>" for k, v in fields) + f" {anchor}</div>"
 
 
+def sample_text(tokenizer: Any, sample: Any) -> str:
+    """The sample's text with its engine-generated (trained) spans in ``[[...]]``: the plain-text view."""
+    out, span, masked = [], [], None
+    for tok, m in zip(sample.input_ids, sample.response_mask, strict=True):
+        if masked is not None and m != masked:
+            text = tokenizer.decode(span)
+            out.append(f"[[{text}]]" if masked else text)
+            span = []
+        span.append(tok)
+        masked = m
+    text = tokenizer.decode(span)
+    out.append(f"[[{text}]]" if masked else text)
+    return "".join(out)
+
+
 def sample_html(sample: Any, tokenizer: Any = None, *, advantages: Any = None, trainer_logprobs: Any = None,
                 frames: Sequence[str] | None = None, mask_abnormal: bool = False, anchor_size: int | None = None,
                 standalone: bool = True) -> str:
