@@ -72,7 +72,7 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         out["rollout/branch_tokens"] = float(sum(
             len(t.response_ids) + (len(t.prompt_ids) if i else 0) for b in branches for i, t in enumerate(b.turns)))
         out["rollout/branch_success_rate"] = _mean([float(b.success) for b in branches])
-    keyed = [t.info["state_key"] for t in turns if "state_key" in t.info]
+    keyed = [t.info["state_key_source"] for t in turns if "state_key_source" in t.info]
     if keyed:  # proxy mode: the share of GiGPO state keys named by the runner (else a message hash)
         out["rollout/state_key_from_runner_rate"] = _mean([float(k == "runner") for k in keyed])
     reported = [t.info["step_report"] for t in turns if "step_report" in t.info]

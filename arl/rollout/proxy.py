@@ -278,7 +278,7 @@ class ProxyEnvManager(EnvManager):
                 len(result.step_infos), n, n, n - 1, self.step_report_mismatches)
         aligned = alignment in ("exact", "last_missing")
         traj.turns = [self._turn(r, reports[i], alignment) for i, r in enumerate(requests)]
-        keyed = sum(1 for t in traj.turns if t.info.get("state_key") == "runner")
+        keyed = sum(1 for t in traj.turns if t.info.get("state_key_source") == "runner")
         common = {"seed": spec.seed, "tag": spec.tag, "num_turns": len(requests), "success": traj.success,
                   "num_branches": len(tracker.branches), "tracker": dict(tracker.stats),
                   "state_keys_from_runner": keyed}
@@ -288,13 +288,13 @@ class ProxyEnvManager(EnvManager):
                 turn = traj.turns[t.requests[0]]
                 samples.append(self._sample(
                     spec, traj, t, score=turn.reward if aligned else traj.episode_score, step=t.requests[0],
-                    valid=turn.action_valid, state_key=turn.state_hash, info=common,
+                    valid=turn.action_valid, state_hash=turn.state_hash, info=common,
                 ))
             return samples
         return [
             self._sample(spec, traj, t, score=traj.episode_score, step=0,
                          valid=all(traj.turns[r].action_valid for r in t.requests),
-                         state_key=traj.turns[t.requests[-1]].state_hash, info=common)
+                         state_hash=traj.turns[t.requests[-1]].state_hash, info=common)
             for t in tracker.traj_samples(self.keep_branches)
         ]
 
@@ -316,16 +316,16 @@ class ProxyEnvManager(EnvManager):
             action=report.action, action_valid=report.action_valid,
             state_hash=key, finish_reason=r.finish_reason, policy_version=r.policy_version,
             info={**report.info, "action": report.action, "action_valid": report.action_valid,
-                  "branch": r.branch, "state_key": source, "step_report": alignment},
+                  "branch": r.branch, "state_key_source": source, "step_report": alignment},
         )
 
     def _sample(self, spec: EpisodeSpec, traj: Trajectory, t: TrackedSample, *, score: float, step: int,
-                valid: bool, state_key: str | None, info: dict[str, Any]) -> Sample:
+                valid: bool, state_hash: str | None, info: dict[str, Any]) -> Sample:
         return Sample(
             input_ids=t.input_ids, response_mask=t.response_mask, old_logprobs=t.logprobs, score=float(score),
             episode_score=traj.episode_score,
             step_score=float(score) if self.tracker_mode == "step" else traj.episode_score,
-            group_id=spec.group_id, traj_id=spec.traj_id, step=step, state_hash=state_key,
+            group_id=spec.group_id, traj_id=spec.traj_id, step=step, state_hash=state_hash,
             env_id=spec.env_id, exit_reason=traj.exit_reason, action_valid=valid,
             policy_version=t.policy_version,
             info={**info, "mode": self.mode, "branch": t.branch, "requests": list(t.requests)},
