@@ -405,12 +405,19 @@ def anchors_table(results: list[dict[str, Any]]) -> str:
     params = f"{g['model_params'] / 1e6:.1f}M-parameter" if g["model_params"] else "?"
     budgets = {f"{r['steps']} steps x {r['episodes_per_step']} episodes" for r in results}
     budget = " / ".join(sorted(budgets))
-    ours = (f"This harness: `{g['model']}` ({params}, random init, format warm-start on random valid actions), "
-            f"compact prompts (grid + turns left, no instructions), step mode; {budget} per run; {g['device']}.")
+    # what the model and prompts are, from the recorded setup (the tiny model is the zoo's only random-init one)
+    init = "random init" if str(g["model"]).startswith("tiny") else "pretrained"
+    manager = g.get("setup", {}).get("rollout", {}).get("manager", {})
+    style = manager.get("prompt_style", "compact")
+    lines = [k for k in ("positions", "surroundings") if (manager.get("env_kwargs") or {}).get(k)]
+    prompt = ("compact prompts (grid + turns left" + "".join(f" + the {k} line" for k in lines) + ", no instructions)"
+              if style == "compact" else "full prompts (instructions, grid, history)")
+    ours = (f"This harness: `{g['model']}` ({params}, {init}, format warm-start on random valid actions), "
+            f"{prompt}, step mode; {budget} per run; {g['device']}.")
     rows = []
     for a in ANCHORS:
-        diffs = [f"{a['size']} pretrained vs {params} from-scratch `{g['model']}`",
-                 "full instructions vs compact prompt",
+        diffs = [f"{a['size']} pretrained vs {params} {'from-scratch' if init == 'random init' else init} `{g['model']}`",
+                 "full instructions vs compact prompt" if style == "compact" else "their prompts vs arl's full prompt",
                  f"budget {a.get('budget', 'not in REFERENCE')} vs {budget}",
                  f"their GPU vs our {g['device']}", a["extra"]]
         rows.append([a["source"], a["model"], a["task"], a["result"], "; ".join(diffs)])
