@@ -15,7 +15,7 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 # what `import arl` itself loads: the package facade registers the gymnasium games
-ALLOWED_ARL = ("arl", "arl.config", "arl.envs")
+ALLOWED_ARL = ("arl", "arl.config", "arl.envs", "arl.sandbox", "arl.sandbox.hostfs")  # hostfs: ToolEnv's encodable text
 
 
 def test_import_arl_config_loads_no_manager_server_torch_or_aiohttp(tmp_path):

@@ -10,18 +10,15 @@ filter), `hostfs` (bounded host-side file work), `capped_output` (output under a
 
 from __future__ import annotations
 
-from arl.sandbox.sandbox import (
-    COMMAND_STATUSES,
-    ISOLATIONS,
-    SANDBOX_CWD,
-    CommandResult,
-    Sandbox,
-    SandboxLimits,
-    SandboxUnavailable,
-    bwrap_problem,
-    limits_prefix,
-    python_paths,
-)
-
 __all__ = ["COMMAND_STATUSES", "ISOLATIONS", "SANDBOX_CWD", "CommandResult", "Sandbox", "SandboxLimits",
            "SandboxUnavailable", "bwrap_problem", "limits_prefix", "python_paths"]
+
+
+def __getattr__(name: str) -> object:
+    """The API lazily (``from arl.sandbox import Sandbox``): the games' tool wrapper imports only
+    `hostfs`, and `import arl` must not load the sandbox's machinery for it."""
+    if name in __all__:
+        from arl.sandbox import sandbox
+
+        return getattr(sandbox, name)
+    raise AttributeError(f"module 'arl.sandbox' has no attribute {name!r}")
