@@ -190,26 +190,14 @@ class ForkEnvManager(StepEnvManager):
     async def _play_trunk(self, spec: EpisodeSpec, traj: Trajectory, branches: TaskGroup) -> None:
         """The step manager's loop; at a chosen state the turn is a fork (its branches start in
         ``branches`` and play on while the trunk does)."""
-        env, obs, limit = self.start_episode(spec, traj)
-        history: History = []
-        traj.exit_reason = "truncated"
-        while len(traj.turns) < limit:
-            t = len(traj.turns)
-            prompt = self.step_prompt(env, obs, t, history, limit)
-            if not self.fits(len(prompt)):
-                traj.exit_reason = "max_length"
-                break
-            if self.fork_here(t, obs):
-                turn, next_obs, terminated, truncated = await self.fork(spec, traj, env, prompt, obs, history,
-                                                                        limit, branches)
-            else:
-                turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs)
-            turn.state_hash = state_hash(obs)
-            self.remember(history, obs, turn)
-            obs = next_obs
-            if terminated or truncated:
-                traj.exit_reason = "terminated" if terminated else "truncated"
-                break
+
+        async def take_turn(env: Any, prompt: list[int], obs: str, history: History,
+                            limit: int) -> tuple[Turn, str, bool, bool]:
+            if self.fork_here(len(traj.turns), obs):
+                return await self.fork(spec, traj, env, prompt, obs, history, limit, branches)
+            return await self.act(spec, traj, env, prompt, obs)
+
+        await self.play_steps(spec, traj, take_turn)
 
     async def fork(
         self, spec: EpisodeSpec, traj: Trajectory, env: Any, prompt: list[int], obs: str, history: History,

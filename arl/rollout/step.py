@@ -13,6 +13,7 @@ only with the history window) no longer fits.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from arl.engine.tokens import TokenRow
@@ -21,11 +22,21 @@ from arl.envs.prompts import compact_messages, history_action, step_messages
 from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids
 from arl.rollout.records import Sample, Trajectory, Turn
 
+# (env, prompt ids, observation, history, turn limit) -> (turn, next observation, terminated, truncated)
+TakeTurn = Callable[[Any, list[int], str, list[tuple[str, str, float]], int], Awaitable[tuple[Turn, str, bool, bool]]]
+
 
 class StepEnvManager(EnvManager):
     mode = "step"
 
     async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
+        await self.play_steps(spec, traj)
+        return self._build_samples(spec, traj)
+
+    async def play_steps(self, spec: EpisodeSpec, traj: Trajectory, take_turn: TakeTurn | None = None) -> None:
+        """The episode's loop: a fresh prompt per step until the game ends, the limit or a prompt
+        that no longer fits. ``take_turn(env, prompt, obs, history, limit)`` plays one turn
+        (default `act`; the fork manager forks there at chosen states)."""
         env, obs, limit = self.start_episode(spec, traj)
         history: list[tuple[str, str, float]] = []
         traj.exit_reason = "truncated"
@@ -35,14 +46,16 @@ class StepEnvManager(EnvManager):
             if not self.fits(len(prompt)):
                 traj.exit_reason = "max_length"
                 break
-            turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs)
+            if take_turn is None:
+                turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs)
+            else:
+                turn, next_obs, terminated, truncated = await take_turn(env, prompt, obs, history, limit)
             turn.state_hash = state_hash(obs)
             self.remember(history, obs, turn)
             obs = next_obs
             if terminated or truncated:
                 traj.exit_reason = "terminated" if terminated else "truncated"
                 break
-        return self._build_samples(spec, traj)
 
     def step_prompt(self, env: Any, obs: str, t: int, history: list[tuple[str, str, float]], limit: int) -> list[int]:
         """The token prompt of step ``t`` in state ``obs`` after ``history``, with ``limit`` turns in all."""
