@@ -23,12 +23,12 @@ $(VERL_STAMP): setup.cfg pyproject.toml scripts/install.sh scripts/stub_wheels.p
 test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl
+	$(MAKE) interop
 
 # Four agent frameworks run unchanged against arl (tests/interop; pins: setup.cfg's `interop` extra):
 # push-mode agents under their own venv (.venv-interop), the in-process variant with the same pins in
 # arl's venv (installed constrained to what it holds), the tests in a loopback-only network
-# namespace (root: `unshare -n`; elsewhere try UNSHARE="unshare -rn"). Not part of `make test`: in a fresh
-# clone's venv the pins conflict (pip: openai-agents 0.24.0 against what the venv holds; 2026-12-04).
+# namespace (root: `unshare -n`; elsewhere try UNSHARE="unshare -rn"). The last part of `make test`.
 INTEROP_VENV ?= .venv-interop
 INTEROP_STAMP := $(INTEROP_VENV)/.arl-interop
 UNSHARE ?= unshare -n

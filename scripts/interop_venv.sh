@@ -42,7 +42,10 @@ if [ -n "$INTO" ]; then
   fi
   CONSTRAINTS=$(mktemp)
   trap 'rm -f "$CONSTRAINTS"' EXIT
-  "$INTO/bin/python" -m pip --disable-pip-version-check list --format=freeze --exclude-editable > "$CONSTRAINTS"
+  # websockets floats: openai-agents 0.24.0 needs <17, a fresh install pulls 17.x, and in arl's venv
+  # only optional extras (uvicorn[standard], openai[realtime]) ask for it, with no upper pin.
+  "$INTO/bin/python" -m pip --disable-pip-version-check list --format=freeze --exclude-editable \
+    | grep -v '^websockets==' > "$CONSTRAINTS"
   "$INTO/bin/python" -m pip --disable-pip-version-check -q install -c "$CONSTRAINTS" "${PINS[@]}" 2>&1 \
     | grep -v "is ignored" || true
   "$INTO/bin/python" -c "$CHECK; print('interop frameworks ok in $INTO')"
