@@ -59,7 +59,8 @@ class Game(gym.Env):
     symbol_names: dict[str, str]
 
     def grid_text(self) -> str:
-        raise NotImplementedError
+        """The board as text, one row per line: each game defines it (the contract, not a stub)."""
+        raise NotImplementedError(f"{type(self).__name__} must define grid_text()")
 
     def state_key(self) -> str:
         """GiGPO's anchor key: by default the grid text (override when the text hides state)."""
