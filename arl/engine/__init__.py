@@ -20,6 +20,7 @@ from arl.engine.base import (
     Generation,
     InvalidPromptError,
     LoRAAdapter,
+    OutputConstraint,
     PromptTooLongError,
     SamplingParams,
 )
@@ -66,5 +67,5 @@ def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEng
 
 __all__ = [
     "BaseEngine", "Engine", "EngineClosedError", "EngineError", "EngineUnsupportedError",
-    "Generation", "InvalidPromptError", "LoRAAdapter", "PromptTooLongError", "SamplingParams", "make_engine",
+    "Generation", "InvalidPromptError", "LoRAAdapter", "OutputConstraint", "PromptTooLongError", "SamplingParams", "make_engine",
 ]

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 FinishReason = Literal["stop", "length", "abort"]
+ConstraintKind = Literal["json_object", "json_schema", "structural_tag"]
+CONSTRAINT_KINDS: tuple[str, ...] = ("json_object", "json_schema", "structural_tag")
 
 
 class EngineError(RuntimeError):
@@ -44,6 +46,30 @@ class EngineUnsupportedError(EngineError, ValueError):
     """The engine cannot start as configured on this machine (e.g. sleep mode without CUDA)."""
 
 
+def _check_spec(instance: Any, attribute: Any, spec: Any) -> None:
+    kind = instance.kind
+    if kind == "json_object" and spec is not None:
+        raise ValueError("a json_object constraint takes no spec")
+    if kind in ("json_schema", "structural_tag") and not isinstance(spec, dict):
+        raise ValueError(f"a {kind} constraint needs its spec as a dict, got {type(spec).__name__}")
+
+
+@attrs.frozen
+class OutputConstraint:
+    """What a reply must match, enforced while sampling (constrained decoding: tokens that would
+    break it are masked out before the draw, so the log-probs are those of the masked
+    distribution, the one sampled from).
+
+    ``kind``: ``"json_object"`` (any JSON object; ``spec`` None), ``"json_schema"`` (``spec`` a JSON
+    schema) or ``"structural_tag"`` (``spec`` an xgrammar structural tag: free text with tagged
+    regions that must match a schema, how tool calls are forced; see
+    `arl.intercept.toolcalls.tool_call_tag`). Only backends with ``supports_constraints`` take one.
+    """
+
+    kind: ConstraintKind = attrs.field(validator=attrs.validators.in_(CONSTRAINT_KINDS))
+    spec: dict[str, Any] | None = attrs.field(default=None, validator=_check_spec, eq=False, hash=False)
+
+
 @attrs.frozen
 class SamplingParams:
     """What to sample. `temperature == 0` is greedy; `top_k == 0` and `top_p == 1` disable truncation.
@@ -52,7 +78,8 @@ class SamplingParams:
     token (so the token stream equals what the chat template renders). `seed` makes one request
     reproducible on a given backend; `None` draws from the engine's generator. Greedy requests report
     the log-probs of the unscaled distribution (temperature 1), the one the argmax picks from (the
-    weight-sync canary, arl/train/canary.py, relies on it).
+    weight-sync canary, arl/train/canary.py, relies on it). `constraint` restricts the reply to a
+    format (`OutputConstraint`) on backends that can enforce it; the others refuse the request.
     """
 
     max_tokens: int = attrs.field(default=64, validator=attrs.validators.ge(1))
@@ -63,6 +90,7 @@ class SamplingParams:
     seed: int | None = None
     n: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     ignore_eos: bool = False
+    constraint: OutputConstraint | None = None
 
 
 @attrs.frozen
@@ -155,6 +183,7 @@ class BaseEngine(abc.ABC):
     """
 
     name = "base"
+    supports_constraints = False  # can it enforce SamplingParams.constraint (constrained decoding)?
 
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int):
         self.tokenizer = tokenizer
@@ -171,6 +200,10 @@ class BaseEngine(abc.ABC):
         """Sample `params.n` completions of `prompt_ids`; one Generation when n == 1, else a list."""
         params = params or SamplingParams()
         self._check_open()
+        if params.constraint is not None and not self.supports_constraints:
+            raise EngineUnsupportedError(
+                f"the {self.name} engine has no constrained decoding: it cannot enforce a "
+                f"{params.constraint.kind} constraint (the vllm backends can)")
         prompt = self.validate_prompt(prompt_ids)
         gens = await self._generate_n(prompt, params)
         return gens[0] if params.n == 1 else gens

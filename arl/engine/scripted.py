@@ -1,6 +1,10 @@
 """Scripted backend: instant, deterministic answers without a model.
 
-Used to test env managers without a model and to measure framework overhead. Every random choice
+Used to test env managers without a model and to measure framework overhead. It cannot mask
+tokens, so a request with an output constraint (`SamplingParams.constraint`) gets the scripted
+reply only if the reply meets it (checked with xgrammar, `arl.engine.grammar`); otherwise the
+request fails with an EngineError naming the first offending token: a test whose script breaks
+the format it asks for fails loudly instead of passing on a reply vLLM could never have sampled. Every random choice
 (which action, whether the answer is invalid, whether the request fails, the log-probs) is a pure
 function of (engine seed, request seed, prompt token ids, completion index), hashed with BLAKE2:
 the same prompt gets the same answer whatever the request order or concurrency, so two managers
@@ -40,6 +44,12 @@ class ScriptedEngine(BaseEngine):
     """Answers from a script (`responses`) or random `<answer>{action}</answer>` replies."""
 
     name = "scripted"
+
+    @property
+    def supports_constraints(self) -> bool:  # checked, not enforced: see the module doc
+        from arl.engine.grammar import available
+
+        return available()
 
     def __init__(
         self,
@@ -123,7 +133,11 @@ class ScriptedEngine(BaseEngine):
         self._check_open()  # closed while sleeping
         if self.fail_rate > 0 and self._rng(prompt, params, "fail").random() < self.fail_rate:
             raise EngineError("scripted engine failure (fail_rate)")
-        return [self._complete(prompt, params, i) for i in range(params.n)]
+        gens = [self._complete(prompt, params, i) for i in range(params.n)]
+        if params.constraint is not None:
+            for gen in gens:
+                self._check_constraint(gen, params)
+        return gens
 
     async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         self.tensors_received += sum(1 for _ in named_tensors)
@@ -135,6 +149,18 @@ class ScriptedEngine(BaseEngine):
         self.adapter_updates += 1
 
     # -- helpers -----------------------------------------------------------------------------------
+    def _check_constraint(self, gen: Generation, params: SamplingParams) -> None:
+        from arl.engine.grammar import first_violation
+
+        assert params.constraint is not None
+        k = first_violation(self.tokenizer, self.vocab_size, params.constraint, gen.token_ids, self.stop_ids(params))
+        if k is not None:
+            good = self.tokenizer.decode(gen.token_ids[:k])
+            bad = self.tokenizer.decode(gen.token_ids[k : k + 1])
+            raise EngineError(
+                f"the scripted reply breaks the request's {params.constraint.kind} constraint at token {k} "
+                f"({bad!r} after {good[-60:]!r}); a real engine would have masked it: script a reply that "
+                "meets the constraint")
     def _rng(self, prompt: list[int], params: SamplingParams, tag: str | int) -> np.random.Generator:
         """A generator that depends on (engine seed, request seed, prompt, tag) and nothing else."""
         h = hashlib.blake2b(digest_size=16)

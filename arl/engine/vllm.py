@@ -111,6 +111,7 @@ class VLLMEngine(BaseEngine):
     """vLLM `LLMEngine` fully in-process, continuously batching every concurrent `generate()`."""
 
     name = "vllm"
+    supports_constraints = True  # vLLM structured outputs (xgrammar): to_vllm_constraint
 
     def __init__(
         self,

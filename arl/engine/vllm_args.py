@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from arl.engine.base import EngineError, EngineUnsupportedError, Generation, SamplingParams
+from arl.engine.base import EngineError, EngineUnsupportedError, Generation, OutputConstraint, SamplingParams
 
 
 def configure_vllm_env() -> None:
@@ -26,6 +26,23 @@ def configure_vllm_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "VLLM_RPC_BASE_PATH" not in os.environ:  # per-run socket dir: parallel runs never collide
         os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="arl-vllm-")
+
+
+def to_vllm_constraint(constraint: OutputConstraint | None) -> Any:
+    """arl's OutputConstraint -> vLLM's StructuredOutputsParams (None: unconstrained). vLLM masks
+    the logits with an xgrammar grammar before sampling; with ``processed_logprobs`` the log-probs
+    it reports are those of the masked distribution (a token the grammar forces has log-prob 0)."""
+    if constraint is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if constraint.kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if constraint.kind == "json_schema":
+        return StructuredOutputsParams(json=constraint.spec)
+    import json
+
+    return StructuredOutputsParams(structural_tag=json.dumps(constraint.spec))
 
 
 def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = True) -> Any:
@@ -48,6 +65,7 @@ def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = T
         # decodes each request's new token twice (the incremental text and the log-prob's token
         # string), ~11% of a multi-turn rollout's driver time on CPU (benchmarks/README "Rollout").
         detokenize=False,
+        structured_outputs=to_vllm_constraint(params.constraint),
     )
 
 
@@ -122,4 +140,6 @@ def engine_kwargs(
     return kw
 
 
-__all__ = ["configure_vllm_env", "engine_kwargs", "in_engine_dtype", "to_generations", "to_vllm_params"]
+__all__ = [
+    "configure_vllm_env", "engine_kwargs", "in_engine_dtype", "to_generations", "to_vllm_constraint", "to_vllm_params",
+]

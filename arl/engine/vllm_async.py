@@ -134,6 +134,7 @@ class AsyncVLLMEngine(BaseEngine):
     """vLLM `AsyncLLM` (engine core in a child process), driven from a private event-loop thread."""
 
     name = "vllm-async"
+    supports_constraints = True  # vLLM structured outputs (xgrammar): to_vllm_constraint
 
     def __init__(
         self,
