@@ -28,6 +28,17 @@ false`` is honoured the same way: a reply with several tool calls is cut after t
 closes the first one (``stats["parallel_tool_calls_cut"]``), so the agent never gets two calls
 and the sample holds only what it got.
 
+Constrained replies. ``response_format`` json_object / json_schema and a forcing ``tool_choice``
+(``"required"``, a named tool) reach the engine as an `OutputConstraint` (`output_constraint`):
+vLLM masks the tokens that would break it before each draw, so the reply meets it by
+construction, and the sample keeps the sampled tokens with the log-probs of the *masked*
+distribution (what was sampled from; a token the grammar forces has log-prob 0). The trainer's
+policy is not masked, so on such tokens the PPO ratio p_new / p_old starts below 1 wherever the
+mask removed probability (no behaviour-policy correction is made for it); the loss mask is the
+usual one (every sampled token trained). ``stats["constrained_calls"]`` counts these calls. An
+engine without constrained decoding (``supports_constraints`` false: the HF backend) gets no
+such request: it is refused with a 400 naming the field.
+
 ``stats`` counts those cuts (``stop_cuts``) and the request fields accepted but not acted on
 (``noop_fields``, ``unknown_fields``: see `arl.intercept.protocol`); each such field name is
 logged once per process as a warning (``logging.getLogger("arl.intercept.handler")``).
@@ -58,6 +69,7 @@ from arl.intercept.protocol import (
     EngineFailure,
     EpisodeClosed,
     make_completion,
+    output_constraint,
 )
 from arl.intercept.responses import ResponseStore
 from arl.intercept.toolcalls import parse_tool_calls
@@ -104,6 +116,13 @@ class SamplingDefaults:
     top_k: int = 0
 
 
+def _constraint_name(request: ChatRequest) -> str:
+    if request.response_format is not None:
+        return repr(request.response_format["type"])
+    choice = request.tool_choice
+    return "'required'" if choice == "required" else f"naming the tool {choice['function']['name']!r}"
+
+
 class ChatHandler:
     """``await handler(env_id, request) -> ChatCompletion`` for one episode (see the module doc)."""
 
@@ -130,7 +149,7 @@ class ChatHandler:
         self.fault: tuple[str, str, str] | None = None
         self.responses = ResponseStore()  # the episode's Responses-API replies, for previous_response_id
         self.stats: dict[str, int] = {"stop_cuts": 0, "parallel_tool_calls_cut": 0, "noop_fields": 0,
-                                      "unknown_fields": 0}
+                                      "unknown_fields": 0, "constrained_calls": 0}
 
     def close(self) -> None:
         """The episode ended: later calls are refused with `EpisodeClosed`."""
@@ -149,6 +168,14 @@ class ChatHandler:
             for name in names:
                 self.stats[f"{kind}_fields"] += 1
                 _warn_field(kind, name)
+        constraint = output_constraint(request)
+        if constraint is not None and not getattr(self.engine, "supports_constraints", False):
+            field = "response_format" if request.response_format is not None else "tool_choice"
+            raise BadRequest(
+                f"{field} {_constraint_name(request)} cannot be enforced: the "
+                f"{getattr(self.engine, 'name', type(self.engine).__name__)} engine has no constrained decoding "
+                "(the vllm backends have), and an unenforced constraint would train on replies the agent did "
+                f"not ask for; omit {field} and check the reply in the agent", param=field)
         d, tokenizer = self.defaults, self.tracker.tokenizer
         prompt = self.tracker.prepare(request.messages, request.tools, normalized=True)  # parse_request did
         max_tokens = request.max_tokens or d.max_tokens
@@ -159,6 +186,8 @@ class ChatHandler:
             self.fault = ("Finished", "max_length", message)
             raise ContextLengthExceeded(message)
         turn, self.calls = self.calls, self.calls + 1
+        if constraint is not None:
+            self.stats["constrained_calls"] += 1
         seed = self.seed_for(turn) if self.seed_for is not None else request.seed
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -167,6 +196,7 @@ class ChatHandler:
             top_k=d.top_k if request.top_k is None else request.top_k,
             seed=seed,
             stop_token_ids=tuple(self.tracker.end_of_turn_ids[-1:]) + self._stop_ids(request),
+            constraint=constraint,
         )
         try:
             gen = await self._generate(prompt.prompt_ids, params)

@@ -11,20 +11,27 @@ Errors are `InterceptError`s carrying an HTTP status and OpenAI's error JSON sha
 
 Every request field is honoured or refused, never silently dropped:
 
-- **Honoured**: ``messages``, ``model``, ``tools``, ``tool_choice`` (``"auto"``, ``"none"``: tool
+- **Honoured**: ``messages``, ``model``, ``tools``, ``tool_choice`` ``"auto"`` / ``"none"`` (tool
   calls are then not parsed), ``max_tokens`` / ``max_completion_tokens``, ``temperature``,
   ``top_p``, ``top_k``, ``seed``, ``n`` (1), ``stop`` (strings of any length: `ChatHandler` cuts
   the reply at the first match), ``stream`` and ``stream_options.include_usage``
   (`completion_chunks`), ``logprobs``, ``parallel_tool_calls`` (``false``: the reply is cut after
   its first tool call, see `ChatHandler`).
-- **Refused with a 400 naming the field**, because the engine cannot enforce them (no
-  constrained decoding, no penalties, no top-k log-probs): ``response_format`` other than
-  ``{"type": "text"}``, ``tool_choice`` ``"required"`` or a named tool, and (`REFUSED`) vLLM's
-  ``guided_*`` / ``structured_outputs`` extras, non-zero ``frequency_penalty`` /
-  ``presence_penalty``, ``repetition_penalty`` other than 1, non-zero ``min_p``, a non-empty
-  ``logit_bias``, ``top_logprobs`` > 0, ``modalities`` other than ``["text"]``, ``audio``,
-  ``prediction``, ``web_search_options``, the deprecated ``functions`` / ``function_call``.
-  Malformed values of honoured fields are refused the same way.
+- **Enforced by constrained decoding** (`output_constraint`: an `OutputConstraint` the engine
+  applies while it samples, vLLM's structured outputs; on an engine without constrained decoding,
+  a 400 naming the field, since an unenforced constraint would train on replies the agent did not
+  ask for): ``response_format`` ``json_object`` / ``json_schema`` (the reply is a JSON object /
+  matches the schema), ``tool_choice`` ``"required"`` (at least one ``<tool_call>`` block whose
+  arguments match the tool's ``parameters``; only one with ``parallel_tool_calls: false``) and a
+  named tool (the reply is exactly one call of it; the name must be one of ``tools``).
+- **Refused with a 400 naming the field**, because the engine cannot do them (no penalties, no
+  top-k log-probs): ``tool_choice`` of type ``allowed_tools``, ``response_format`` together with a
+  forcing ``tool_choice`` (they contradict each other), and (`REFUSED`) vLLM's ``guided_*`` /
+  ``structured_outputs`` extras (send ``response_format`` / ``tool_choice`` instead), non-zero
+  ``frequency_penalty`` / ``presence_penalty``, ``repetition_penalty`` other than 1, non-zero
+  ``min_p``, a non-empty ``logit_bias``, ``top_logprobs`` > 0, ``modalities`` other than
+  ``["text"]``, ``audio``, ``prediction``, ``web_search_options``, the deprecated ``functions`` /
+  ``function_call``. Malformed values of honoured fields are refused the same way.
 - **Documented no-ops**: bookkeeping fields that cannot change the reply (`METADATA_FIELDS`:
   ``user``, ``metadata``, ``store``, ``service_tier``, ...; and ``stream_options`` on a request
   that does not stream, its ``include_obfuscation``); reasoning-model fields
@@ -44,6 +51,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+
+from arl.engine.base import OutputConstraint
+from arl.intercept.toolcalls import tool_call_tag
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 _PLAIN_ROLES = ROLES - {"tool"}  # roles a message may have with nothing but role and content
@@ -120,7 +130,8 @@ class ChatRequest:
     messages: tuple[dict[str, Any], ...]
     model: str = "arl"
     tools: tuple[dict[str, Any], ...] | None = None
-    tool_choice: Any = None
+    tool_choice: Any = None  # None, "auto", "none", "required" or {"type": "function", "function": {"name"}}
+    response_format: dict[str, Any] | None = None  # json_object / json_schema (normalized); None: text
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -251,7 +262,7 @@ METADATA_FIELDS = frozenset({
     "user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
     "safety_identifier",
 })
-# Output constraints (vLLM's extras): the engine has no constrained decoding, so they are refused.
+# vLLM's own constraint extras: refused, pointing to the OpenAI fields that say the same.
 _CONSTRAINED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 # field -> (is this value the no-op default?, why it is refused otherwise)
 REFUSED: dict[str, tuple[Any, str]] = {
@@ -267,38 +278,74 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "web_search_options": (lambda v: False, "arl's model has no web search"),
     "functions": (lambda v: False, "the deprecated 'functions' is not supported: send 'tools'"),
     "function_call": (lambda v: False, "the deprecated 'function_call' is not supported: send 'tool_choice'"),
-    **{k: (lambda v: False, "the backend has no constrained (structured-output) decoding") for k in _CONSTRAINED},
+    **{k: (lambda v: False, "send the constraint as response_format (json_object, json_schema) or tool_choice "
+                             "(required, a named tool); arl enforces those") for k in _CONSTRAINED},
 }
-_NOT_ENFORCED = ("cannot be enforced: the arl backend has no constrained (structured-output) decoding, and an "
-                 "unenforced constraint would train on replies the agent did not ask for")
 
 
-def _tool_choice(choice: Any) -> Any:
-    """``"auto"`` / ``"none"`` (or unset); ``"required"`` and a named tool are refused."""
+def _tool_choice(choice: Any, tools: tuple[dict[str, Any], ...] | None) -> Any:
+    """``"auto"``, ``"none"``, ``"required"`` (needs tools) or unset; a named tool (one of the
+    request's tools) is returned as ``{"type": "function", "function": {"name": ...}}``."""
     if choice is None or choice in ("auto", "none"):
         return choice
-    if choice == "required" or (isinstance(choice, dict) and choice.get("type") in ("function", "allowed_tools")):
-        if choice == "required":
-            what = "'required'"
-        else:
-            name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
-            what = f"naming the tool {name!r}" if isinstance(name, str) else f"of type {choice.get('type')!r}"
-        raise _fail(f"tool_choice {what} {_NOT_ENFORCED}; send tool_choice 'auto' (or omit it) and check the "
-                    "reply's tool calls in the agent", "tool_choice")
-    raise _fail("tool_choice must be 'auto', 'none', 'required' or a named function", "tool_choice")
+    names = [t["function"]["name"] for t in tools or ()]
+    if choice == "required":
+        if not names:
+            raise _fail("tool_choice 'required' needs tools", "tool_choice")
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        raise _fail("tool_choice of type 'allowed_tools' is not supported: send the allowed tools as 'tools' "
+                    "with tool_choice 'auto' or 'required'", "tool_choice")
+    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise _fail("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
+                    "{'name': str}}", "tool_choice")
+    if name not in names:
+        raise _fail(f"tool_choice names the tool {name!r}, which is not among the request's tools {names}",
+                    "tool_choice")
+    return {"type": "function", "function": {"name": name}}
 
 
-def _response_format(value: Any) -> None:
-    if value is None:
-        return
+def _response_format(value: Any) -> dict[str, Any] | None:
+    """``{"type": "text"}`` (or unset: None), ``{"type": "json_object"}``, or ``{"type": "json_schema",
+    "json_schema": {"name": str, "schema": dict, ...}}`` (normalized: the schema defaults to any object)."""
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        raise _fail(f"response_format {kind!r} {_NOT_ENFORCED}; omit response_format and validate the reply "
-                    "in the agent", "response_format")
+    if value is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise _fail("response_format.json_schema must be an object with a string 'name'", "response_format")
+        schema = spec.get("schema", {"type": "object"})
+        if not isinstance(schema, dict):
+            raise _fail("response_format.json_schema.schema must be an object (a JSON schema)", "response_format")
+        return {"type": "json_schema", "json_schema": {**spec, "schema": schema}}
     raise _fail("response_format must be an object {'type': 'text' | 'json_object' | 'json_schema'}",
                 "response_format")
+
+
+def output_constraint(request: ChatRequest) -> OutputConstraint | None:
+    """The constraint the engine must enforce for ``request`` (None: none). ``response_format``
+    json_object / json_schema constrains the whole reply; ``tool_choice`` ``"required"`` or a named
+    tool forces ``<tool_call>`` blocks (`tool_call_tag`). Both at once contradict each other (a
+    reply cannot be a bare JSON object and a tool call): a 400."""
+    fmt, choice = request.response_format, request.tool_choice
+    forced = choice == "required" or isinstance(choice, dict)
+    if fmt is not None and forced:
+        raise _fail("response_format and a tool_choice that forces a tool call contradict each other: a reply "
+                    "cannot be both a JSON document and a tool call; send one of them", "response_format")
+    if forced:
+        name = choice["function"]["name"] if isinstance(choice, dict) else None
+        return OutputConstraint("structural_tag", tool_call_tag(request.tools or (), name,
+                                                                parallel=request.parallel_tool_calls is not False))
+    if fmt is None:
+        return None
+    if fmt["type"] == "json_object":
+        return OutputConstraint("json_object")
+    return OutputConstraint("json_schema", fmt["json_schema"]["schema"])
 
 
 def _refused(body: dict[str, Any]) -> None:
@@ -327,8 +374,8 @@ def parse_request(body: Any) -> ChatRequest:
         if not isinstance(tools, list):
             raise _fail("tools must be a list", "tools")
         tools = tuple(_tool(t, k) for k, t in enumerate(tools)) or None
-    tool_choice = _tool_choice(get("tool_choice"))
-    _response_format(get("response_format"))
+    tool_choice = _tool_choice(get("tool_choice"), tools)
+    response_format = _response_format(get("response_format"))
     stream, stream_options = get("stream"), get("stream_options")
     if stream is not None and not isinstance(stream, bool):
         raise _fail("stream must be a boolean", "stream")
@@ -372,7 +419,7 @@ def parse_request(body: Any) -> ChatRequest:
                         and extra[k] is not None)
     return ChatRequest(
         messages=normalized, model=model, tools=tools, tool_choice=tool_choice,
-        max_tokens=max_tokens, temperature=None if temperature is None else float(temperature),
+        response_format=response_format, max_tokens=max_tokens, temperature=None if temperature is None else float(temperature),
         top_p=None if top_p is None else float(top_p), top_k=None if top_k is None else max(0, top_k),
         seed=seed, n=n or 1, stop=tuple(dict.fromkeys(stop or ())), logprobs=bool(logprobs),
         stream=bool(stream), include_usage=bool(stream and include_usage), parallel_tool_calls=parallel,

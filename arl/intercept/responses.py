@@ -26,13 +26,13 @@ The conversion (input items -> chat messages):
 - ``tools``: function tools ``{type: function, name, description, parameters, strict}`` become
   chat tools (``strict``, a schema-enforcement request arl cannot honour, is a counted no-op:
   the tool's schema still reaches the template); any other tool type gets a 400.
-- ``tool_choice``: ``auto`` / ``none`` honoured; ``required`` and a named function are refused
-  (400) as on the chat path. ``parallel_tool_calls``, ``temperature``, ``top_p``,
+- ``tool_choice``: ``auto`` / ``none`` honoured; ``required`` and a named function enforced by
+  constrained decoding as on the chat path (a 400 on an engine without it). ``parallel_tool_calls``, ``temperature``, ``top_p``,
   ``max_output_tokens`` (-> max_tokens), ``include: ["message.output_text.logprobs"]`` (->
   log-probs on the output text), and the chat extras ``top_k``, ``seed``, ``stop`` (in
   ``extra_body``) are honoured.
-- ``text.format``: ``text`` honoured; ``json_object`` / ``json_schema`` refused (400, as
-  ``response_format``); ``text.verbosity`` and ``reasoning`` are counted no-ops (named in
+- ``text.format``: ``text`` honoured; ``json_object`` / ``json_schema`` enforced as chat's
+  ``response_format`` (constrained decoding; a 400 on an engine without it); ``text.verbosity`` and ``reasoning`` are counted no-ops (named in
   ``ChatRequest.noop``: the transports count and log them). ``store``, ``include`` (other
   values), ``truncation: "disabled"``, ``metadata``, ``user``, ``service_tier``,
   ``prompt_cache_key``, ``safety_identifier``, ``stream_options`` are bookkeeping no-ops.
@@ -280,6 +280,8 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None) -> Re
         if not isinstance(fmt, dict):
             raise _fail("text.format must be an object {'type': 'text' | 'json_object' | 'json_schema'}", "text")
         response_format = {"type": fmt.get("type")}
+        if fmt.get("type") == "json_schema":  # Responses flattens what chat nests under "json_schema"
+            response_format["json_schema"] = {k: v for k, v in fmt.items() if k != "type"}
     if get("reasoning") is not None:
         noop.append("reasoning")
     include = get("include")

@@ -90,8 +90,10 @@ async def test_handler_errors_become_openai_exceptions(error, cls, status):
         {"messages": MESSAGES, "n": 2},
         {"messages": MESSAGES, "stream": "yes"},
         {"messages": MESSAGES, "frequency_penalty": 0.1},
-        {"messages": MESSAGES, "response_format": {"type": "json_object"}},
-        {"messages": MESSAGES, "tool_choice": "required"},
+        {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},  # no name
+        {"messages": MESSAGES, "tool_choice": "required"},  # no tools to call
+        {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "a"}}],
+         "tool_choice": {"type": "function", "function": {"name": "b"}}},  # not among the tools
         {"messages": MESSAGES, "max_tokens": 0},
         {"messages": MESSAGES, "temperature": -1},
         {"messages": MESSAGES, "tools": [{"type": "function"}]},

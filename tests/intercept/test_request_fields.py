@@ -134,17 +134,16 @@ async def test_parallel_tool_calls_false_keeps_the_first_call_and_its_tokens(tin
 
 
 @pytest.mark.parametrize("field, value", [
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
     ("response_format", "json"),
-    ("tool_choice", "required"),
-    ("tool_choice", {"type": "function", "function": {"name": "move"}}),
+    ("response_format", {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}),  # no name
+    ("tool_choice", {"type": "function", "function": {"name": "jump"}}),  # not among the tools
+    ("tool_choice", {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}),
     ("tool_choice", "sometimes"),
     ("frequency_penalty", 0.5), ("presence_penalty", -1), ("logit_bias", {"5": 10}), ("top_logprobs", 3),
     ("guided_json", {"type": "object"}), ("functions", [{"name": "f"}]), ("modalities", ["text", "audio"]),
     ("parallel_tool_calls", "no"), ("stream_options", {"include_usage": "yes"}),
 ])
-async def test_fields_the_backend_cannot_enforce_get_a_400_naming_them(field, value):
+async def test_refused_and_malformed_fields_get_a_400_naming_them(field, value):
     with pytest.raises(BadRequest) as info:
         parse_request({"messages": MESSAGES, "tools": TOOLS, field: value})
     assert info.value.param == field and field in info.value.message and info.value.status == 400

@@ -12,10 +12,13 @@ import openai
 import pytest
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseOutputMessage
 
+from arl.engine import OutputConstraint
 from arl.engine.scripted import ScriptedEngine
 from arl.intercept import ChatHandler, InProcessClient, MessageTracker, ProxyServer
 from arl.intercept.exchange import answer
+from arl.intercept.protocol import output_constraint
 from arl.intercept.responses import input_messages, parse_responses_request
+from arl.intercept.toolcalls import tool_call_tag
 
 pytestmark = pytest.mark.anyio
 
@@ -258,11 +261,11 @@ def test_input_items_become_chat_messages():
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {}}}}, "text", "json_schema"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text", "cannot be enforced"),
-    ({"input": "x", "tools": RESPONSE_TOOLS, "tool_choice": "required"}, "tool_choice", "'required'"),
-    ({"input": "x", "tools": RESPONSE_TOOLS, "tool_choice": {"type": "function", "name": "move"}}, "tool_choice",
-     "'move'"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text", "text.format.json_schema"),
+    ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text", "'json_schema'"),
+    ({"input": "x", "tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"input": "x", "tools": RESPONSE_TOOLS, "tool_choice": {"type": "function", "name": "jump"}}, "tool_choice",
+     "'jump'"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]", "function tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input[0]", "text parts"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", "'reasoning'"),
@@ -281,6 +284,19 @@ async def test_refused_fields_get_a_400_naming_them(tiny_tokenizer, body, param,
     status, raw = await answer(ep.handler, "e", "POST", "/v1/responses", json.dumps(body).encode())
     assert status == 400 and json.loads(raw)["error"]["param"] == param
     assert ep.gens == []
+
+
+@pytest.mark.parametrize(("body", "kind", "spec"), [
+    ({"text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}, "strict": True}}},
+     "json_schema", {"type": "object"}),
+    ({"text": {"format": {"type": "json_object"}}}, "json_object", None),
+    ({"tools": RESPONSE_TOOLS, "tool_choice": {"type": "function", "name": "move"}}, "structural_tag",
+     tool_call_tag(CHAT_TOOLS, "move")),
+])
+def test_output_formats_and_forced_tools_become_the_chat_constraint(body, kind, spec):
+    request = parse_responses_request({"input": "x", **body})
+    assert output_constraint(request.chat) == OutputConstraint(kind, spec)
+    assert output_constraint(request.chat).spec == spec
 
 
 def test_noops_are_named_for_counting():

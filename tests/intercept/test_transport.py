@@ -100,7 +100,8 @@ async def test_transport_errors_are_the_proxy_errors(tiny_tokenizer):
             await client("tok").embeddings.create(model="arl", input="x")
         assert "POST /v1/responses" in info.value.body["message"] and info.value.body["code"] == "unknown_endpoint"
         with pytest.raises(openai.BadRequestError) as info:
-            await client("tok").responses.create(model="arl", input="x", tool_choice="required", tools=RESPONSE_TOOLS)
+            await client("tok").responses.create(model="arl", input="x", tools=RESPONSE_TOOLS,
+                                                 tool_choice={"type": "function", "name": "jump"})
         assert info.value.body["param"] == "tool_choice"
         with pytest.raises(openai.APIStatusError) as info:
             await client("tok").chat.completions.create(model="arl", messages=[{"role": "user", "content": "x" * 5000}])
