@@ -39,6 +39,7 @@ from arl.config import ManagerConfig
 from arl.engine.scripted import ScriptedEngine
 from arl.intercept import exchange as exchange_mod
 from arl.intercept.handler import ChatHandler
+from arl.intercept.protocol import output_constraint
 from arl.intercept.transport import (
     BASE_URL,
     InProcessTransport,
@@ -78,17 +79,10 @@ CASES = {
     "smolagents-code": Case("smolagents_agent", "smolagents", "chat", False, (*SMOL_STOPS, "</code>"), True, True),
     "smolagents-code_stream": Case("smolagents_agent", "smolagents", "chat", True, (*SMOL_STOPS, "</code>"), True,
                                    True),
-    # not defaults: ToolCallingAgent with tool_choice "auto" (the one setting changed, below)
-    "smolagents-tool_calling_auto": Case("smolagents_agent", "smolagents", "chat", False, SMOL_STOPS, True, True),
-    "smolagents-tool_calling_auto_stream": Case("smolagents_agent", "smolagents", "chat", True, SMOL_STOPS, True,
-                                                True),
 }
-# smolagents' ToolCallingAgent sends tool_choice "required" with every call, and arl refuses it
-# (400, `arl.intercept.protocol._tool_choice`: none of arl's engines can enforce it). Until that
-# is decided these two cases check the refusal, then report xfail; the *_auto cases show that
-# nothing else stands in the way.
-REFUSES_REQUIRED = ("smolagents-tool_calling", "smolagents-tool_calling_stream")
-REFUSAL = "tool_choice 'required' cannot be enforced"
+# smolagents' ToolCallingAgent sends tool_choice "required" with every call: enforced by
+# constrained decoding (`arl.intercept.protocol.output_constraint`), checked by the scripted engine
+FORCES_TOOLS = ("smolagents-tool_calling", "smolagents-tool_calling_stream")
 
 
 def load(module: str) -> Any:
@@ -203,10 +197,6 @@ async def test_framework_plays_an_episode(name, transport, tiny_tokenizer, wire,
     async with ProxyEnvManager(engine, config, factory, transport=transport, tracker_mode="step") as manager:
         episode = await manager.run_episode(spec())
     traj = episode.trajectory
-    if name in REFUSES_REQUIRED:  # the first call was refused: the agent failed with arl's 400
-        assert (traj.status, traj.exit_reason) == ("Failed", "agent_error") and REFUSAL in (traj.error or "")
-        assert engine.generations == [] and wire["chat"] == []  # refused before the handler
-        pytest.xfail("smolagents' ToolCallingAgent sends tool_choice 'required', which arl refuses (400)")
     assert (traj.status, traj.exit_reason) == ("Finished", "terminated"), traj.error
     assert traj.episode_score == 1.0 and traj.success, traj.error
     assert len(engine.generations) == len(script)
@@ -217,6 +207,8 @@ async def test_framework_plays_an_episode(name, transport, tiny_tokenizer, wire,
     assert all(bool(r.tools) == (not entry.startswith("code")) for r in requests)  # CodeAgent sends no tools
     assert all(tuple(r.stop) == case.stop for r in requests)
     assert [r.unknown for r in requests] == [()] * len(requests)  # every field it sends is one arl knows
+    constrained = [output_constraint(r) is not None for r in requests]
+    assert constrained == [name in FORCES_TOOLS] * len(requests)  # only tool_choice "required" forces a format
     check_samples(episode, engine, tiny_tokenizer, case)
 
 

@@ -5,10 +5,9 @@ completions, the agents' default stop strings), ``agent.run(task)`` or its strea
 smolagents is synchronous: in push mode it runs as it is; in process the test runs `play_sync`
 in a worker thread with arl's sync httpx transport as the client's ``http_client``.
 
-``ToolCallingAgent`` sends ``tool_choice: "required"`` with every call, which arl refuses (400:
-none of its engines can enforce it); the ``*_auto`` entries change that one setting
-(``OpenAIModel(..., tool_choice="auto")``, the model's own override of a request field) to show
-that nothing else stands in the way."""
+``ToolCallingAgent`` sends ``tool_choice: "required"`` with every call: arl enforces it by
+constrained decoding (a ``<tool_call>`` block in the form the chat templates render, arguments
+matching the tool's schema), so its script is in that form; the scripted engine checks it."""
 
 from __future__ import annotations
 
@@ -17,12 +16,14 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import ANSWER, CALL_ADD, Calls, main, verdict  # noqa: E402
+from _common import ANSWER, Calls, main, verdict  # noqa: E402
 
-ENTRIES = ("tool_calling", "tool_calling_stream", "code", "code_stream", "tool_calling_auto",
-           "tool_calling_auto_stream")
-FINAL = '<tool_call>{"name": "final_answer", "arguments": {"answer": "' + ANSWER + '"}}</tool_call>'
-TOOL_SCRIPT = [CALL_ADD, FINAL]
+ENTRIES = ("tool_calling", "tool_calling_stream", "code", "code_stream")
+# the form tool_choice "required" forces (arl.intercept.toolcalls.tool_call_tag)
+TOOL_SCRIPT = [
+    '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+    '<tool_call>\n{"name": "final_answer", "arguments": {"answer": "' + ANSWER + '"}}\n</tool_call>',
+]
 # CodeAgent: code blocks between its default tags; the stop string "</code>" ends each reply
 CODE_SCRIPT = [
     "Thought: I add the numbers.\n<code>\nresult = add(2, 3)\nprint(result)\n</code>",
@@ -49,8 +50,6 @@ def play_sync(entry: str, http_client: Any = None, base_url: str | None = None) 
     kwargs: dict[str, Any] = {}
     if http_client is not None:
         kwargs = {"api_base": base_url, "api_key": "arl", "client_kwargs": {"http_client": http_client}}
-    if "_auto" in entry:
-        kwargs["tool_choice"] = "auto"  # the one setting changed (module doc)
     model = OpenAIModel(model_id=os.environ.get("ARL_MODEL", "arl"), **kwargs)
     stream = entry.endswith("_stream")
     cls = CodeAgent if entry.startswith("code") else ToolCallingAgent
