@@ -238,3 +238,11 @@ def test_credit_optimal_actions():
     assert credit.sokoban_optimal_actions("######\n#O_###\n#__###\n#X_###\n#P_###\n######") == {"Up"}
     assert credit.sokoban_optimal_actions("######\n#O__X#\n#___P#\n######") == set()
     assert credit.sokoban_optimal_actions("######\n#√_###\n#P_###\n######") == set()  # already solved
+
+
+@pytest.mark.vllm
+def test_stop_strings_quick(tmp_path):
+    result = _run("stop_strings.py", tmp_path)
+    assert {r["variant"] for r in result["rows"]} == {"plain", "detokenize", "post-hoc", "early stop, native",
+                                                       "early stop, post-hoc"}
+    assert all(all(c.values()) for c in result["checks"].values())  # the same kept tokens either way

@@ -75,7 +75,9 @@ class SamplingParams:
     """What to sample. `temperature == 0` is greedy; `top_k == 0` and `top_p == 1` disable truncation.
 
     `stop_token_ids` are added to the tokenizer's EOS; a stop token is kept as the last generated
-    token (so the token stream equals what the chat template renders). `seed` makes one request
+    token (so the token stream equals what the chat template renders). `stop` strings end the
+    reply at the token that completes the first match on the decoded text (kept; `arl.engine.stops`).
+    `seed` makes one request
     reproducible on a given backend; `None` draws from the engine's generator. Greedy requests report
     the log-probs of the unscaled distribution (temperature 1), the one the argmax picks from (the
     weight-sync canary, arl/train/canary.py, relies on it). `constraint` restricts the reply to a
@@ -91,6 +93,12 @@ class SamplingParams:
     n: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     ignore_eos: bool = False
     constraint: OutputConstraint | None = None
+    stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    @stop.validator
+    def _check_stop(self, attribute: Any, value: tuple[str, ...]) -> None:
+        if not all(isinstance(s, str) and s for s in value):
+            raise ValueError(f"stop strings must be non-empty strings, got {value!r}")
 
 
 @attrs.frozen
@@ -184,6 +192,7 @@ class BaseEngine(abc.ABC):
 
     name = "base"
     supports_constraints = False  # can it enforce SamplingParams.constraint (constrained decoding)?
+    native_stop_strings = False  # does the backend stop at SamplingParams.stop itself? else cut afterwards
 
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int):
         self.tokenizer = tokenizer
@@ -206,6 +215,8 @@ class BaseEngine(abc.ABC):
                 f"{params.constraint.kind} constraint (the vllm backends can)")
         prompt = self.validate_prompt(prompt_ids)
         gens = await self._generate_n(prompt, params)
+        if params.stop and not self.native_stop_strings:
+            gens = [self._cut_at_stop(gen, params.stop) for gen in gens]
         return gens[0] if params.n == 1 else gens
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -297,6 +308,18 @@ class BaseEngine(abc.ABC):
         if not params.ignore_eos and self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return ids
+
+    def _cut_at_stop(self, gen: Generation, stops: tuple[str, ...]) -> Generation:
+        """``gen`` ended where a backend that stops on text would have ended it (`arl.engine.stops`)."""
+        from arl.engine.stops import stop_cut
+
+        def decode(ids: Sequence[int]) -> str:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+        k = stop_cut(gen.token_ids, decode, stops)
+        if k is None:
+            return gen
+        return attrs.evolve(gen, token_ids=gen.token_ids[:k], logprobs=gen.logprobs[:k], finish_reason="stop")
 
     def _check_open(self) -> None:
         if self._closed:

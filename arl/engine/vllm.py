@@ -112,6 +112,7 @@ class VLLMEngine(BaseEngine):
 
     name = "vllm"
     supports_constraints = True  # vLLM structured outputs (xgrammar): to_vllm_constraint
+    native_stop_strings = True  # vLLM matches SamplingParams.stop as tokens arrive (to_vllm_params)
 
     def __init__(
         self,

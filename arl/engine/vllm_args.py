@@ -64,7 +64,10 @@ def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = T
         # arl reads token ids and log-probs, never vLLM's text: without this, every engine step
         # decodes each request's new token twice (the incremental text and the log-prob's token
         # string), ~11% of a multi-turn rollout's driver time on CPU (benchmarks/README "Rollout").
-        detokenize=False,
+        # Only a request with stop strings is detokenized: vLLM matches them on its incremental
+        # text and stops at the token that completes the first match (kept, as arl.engine.stops).
+        stop=list(params.stop) or None,
+        detokenize=bool(params.stop),
         structured_outputs=to_vllm_constraint(params.constraint),
     )
 

@@ -14,16 +14,16 @@ log-probs; the agent gets an `openai` ``ChatCompletion`` (tool calls parsed from
 blocks when it sent tools).
 
 Where the reply ends (the loss mask at the boundary). The engine stops at its end-of-turn token,
-at max_tokens, or at a ``stop`` string that is one token (passed to it as a stop token). Any
-``stop`` string, of any length, is also matched on the decoded text after the generation (arl's
-engines take stop *tokens* only: `SamplingParams` has no stop strings, so they are matched here,
-post hoc, the same way for every backend): at the first match the sample keeps exactly the
-engine's tokens up to and including the token that completed it (with their log-probs, mask 1);
-the tokens the engine sampled after it are dropped (never trained, never context: a prefix of a
-sample is itself a sample of the same policy), and the template's end-of-turn follows with mask
-0, as after a max_tokens cut (`MessageTracker.commit`). The agent gets the text before the match
-(the API's rule; any text the completing token decoded to beyond the match's start is not in the
-reply, though its token is in the sample), finish_reason ``"stop"``. ``parallel_tool_calls:
+at max_tokens, or at the first ``stop`` string, of any length (`SamplingParams.stop`: vLLM matches
+it on its incremental text as tokens arrive and stops generating there; the other backends are
+cut afterwards by `BaseEngine.generate`, `arl.engine.stops`; the handler applies the same cut to
+a ``generate`` that did neither). At the match the sample keeps exactly the engine's tokens up to
+and including the token that completed it (with their log-probs, mask 1); nothing after it is
+sampled, trained or context (a prefix of a sample is itself a sample of the same policy), and
+the template's end-of-turn follows with mask 0, as after a max_tokens cut
+(`MessageTracker.commit`). The agent gets the text before the match (the API's rule; any text the
+completing token decoded to beyond the match's start is not in the reply, though its token is in
+the sample), finish_reason ``"stop"``. ``parallel_tool_calls:
 false`` is honoured the same way: a reply with several tool calls is cut after the token that
 closes the first one (``stats["parallel_tool_calls_cut"]``), so the agent never gets two calls
 and the sample holds only what it got.
@@ -62,6 +62,7 @@ from typing import Any
 import attrs
 
 from arl.engine.base import Generation, InvalidPromptError, PromptTooLongError, SamplingParams
+from arl.engine.stops import first_prefix, stop_cut
 from arl.intercept.protocol import (
     BadRequest,
     ChatRequest,
@@ -88,22 +89,6 @@ def _warn_field(kind: str, name: str) -> None:
     _WARNED.add(key)
     what = "has no effect on arl's engines (a documented no-op)" if kind == "noop" else "is unknown to arl and ignored"
     _log.warning("request field %r %s; counted in ChatHandler.stats", name[:100], what)
-
-
-def first_prefix(token_ids: Sequence[int], decode: Callable[[Sequence[int]], str],
-                 hit: Callable[[str], bool]) -> int:
-    """The smallest k with ``hit(decode(token_ids[:k]))``, for a ``hit`` true on the whole text
-    (binary search: O(log n) decodes; ``hit`` only grows with the text, up to decoding artefacts
-    at a cut inside a character, which are harmless here: the boundary found is a token where it
-    turns true)."""
-    lo, hi = 1, len(token_ids)  # hit(decode(ids[:hi])) holds
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if hit(decode(token_ids[:mid])):
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi
 
 
 @attrs.frozen
@@ -195,7 +180,8 @@ class ChatHandler:
             top_p=d.top_p if request.top_p is None else request.top_p,
             top_k=d.top_k if request.top_k is None else request.top_k,
             seed=seed,
-            stop_token_ids=tuple(self.tracker.end_of_turn_ids[-1:]) + self._stop_ids(request),
+            stop_token_ids=tuple(self.tracker.end_of_turn_ids[-1:]),
+            stop=request.stop,
             constraint=constraint,
         )
         try:
@@ -217,12 +203,12 @@ class ChatHandler:
         def decode(tokens: Sequence[int]) -> str:
             return tokenizer.decode(tokens, skip_special_tokens=True)
 
-        text = decode(ids)
         stops = request.stop
-        if stops and any(s in text for s in stops):  # cut at the first match (the module doc)
-            k = first_prefix(ids, decode, lambda t: any(s in t for s in stops))
+        k = stop_cut(ids, decode, stops)  # the engine stopped there already; a generate() that did not is cut
+        if k is not None:
             ids, lps, reason = ids[:k], lps[:k], "stop"
-            text = decode(ids)
+        text = decode(ids)
+        if k is not None:  # the reply's text ends before the match (the module doc)
             text = text[: min((text.find(s) for s in stops if s in text), default=len(text))]
             self.stats["stop_cuts"] += 1
         calls: list[dict[str, Any]] = []
@@ -250,15 +236,5 @@ class ChatHandler:
             token_logprobs=token_logprobs,
         )
 
-    def _stop_ids(self, request: ChatRequest) -> tuple[int, ...]:
-        """``stop`` strings that are one token also become stop tokens, so the engine stops there
-        instead of running on; every stop string is matched on the text afterwards (module doc)."""
-        ids = []
-        for text in request.stop:
-            encoded = self.tracker.tokenizer.encode(text, add_special_tokens=False)
-            if len(encoded) == 1:
-                ids.append(int(encoded[0]))
-        return tuple(ids)
 
-
-__all__ = ["ChatHandler", "Generate", "SamplingDefaults", "first_prefix"]
+__all__ = ["ChatHandler", "Generate", "SamplingDefaults"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import attrs
 import pytest
 
 from arl.engine import (
@@ -73,6 +74,28 @@ async def test_stop_token_is_kept_and_finishes(engine, prompt):
     )
     assert gen.finish_reason == "stop"
     assert gen.token_ids == free.token_ids[: first + 1]
+
+
+async def test_stop_string_ends_at_the_token_completing_it(engine, prompt, tiny_tokenizer):
+    """Every backend ends a reply at the token that completes the first stop string on the decoded
+    text (vLLM while it samples, the others cut afterwards): the same tokens as the free draw's prefix."""
+    def decode(ids):
+        return tiny_tokenizer.decode(ids, skip_special_tokens=True)
+
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=5, ignore_eos=True)
+    free = await engine.generate(prompt, params)
+    text = decode(free.token_ids)
+    # windows of real text: a U+FFFD (a token cut inside a UTF-8 character) is never a stop string,
+    # and vLLM's incremental text holds such a character back until it is complete
+    windows = [text[i:i + 3] for i in range(len(text) - 3) if "\ufffd" not in text[i:i + 4]]
+    assert len(windows) >= 2, text
+    for stop in (windows[0], windows[len(windows) // 2]):
+        k = next(k for k in range(1, len(free.token_ids) + 1) if stop in decode(free.token_ids[:k]))
+        gen = await engine.generate(prompt, attrs.evolve(params, stop=(stop, "never-sampled-zz")))
+        assert gen.finish_reason == "stop" and gen.token_ids == free.token_ids[:k], (stop, k)
+        assert gen.logprobs == pytest.approx(free.logprobs[:k])
+    gen = await engine.generate(prompt, attrs.evolve(params, stop=("never-sampled-zz",)))
+    assert gen.token_ids == free.token_ids and gen.finish_reason == "length"
 
 
 async def test_seed_reproducible(engine, prompt):

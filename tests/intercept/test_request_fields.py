@@ -79,15 +79,16 @@ async def test_multi_token_stop_strings_cut_at_the_completing_token(tiny_tokeniz
     assert sum(traj.response_mask) == k + len(ep.response()[0])
 
 
-async def test_stop_strings_first_match_wins_and_single_tokens_stop_the_engine(tiny_tokenizer):
+async def test_stop_strings_first_match_wins_and_reach_the_engine(tiny_tokenizer):
     ep = Episode(tiny_tokenizer, ["alpha beta gamma delta"])
     out = await ep.client.chat.completions.create(messages=MESSAGES, stop=["delta", "beta g"])
     assert out.choices[0].message.content == "alpha "  # "beta g" completes before "delta"
     assert out.choices[0].finish_reason == "stop"
-    [newline] = tiny_tokenizer.encode("\n", add_special_tokens=False)  # a one-token stop string:
-    ep = Episode(tiny_tokenizer, ["alpha\nbeta"])  # the engine itself stops at it
+    assert ep.params[0].stop == ("delta", "beta g")  # the engine stops there itself (arl.engine.stops)
+    [newline] = tiny_tokenizer.encode("\n", add_special_tokens=False)
+    ep = Episode(tiny_tokenizer, ["alpha\nbeta"])
     out = await ep.client.chat.completions.create(messages=MESSAGES, stop="\n")
-    assert newline in ep.params[0].stop_token_ids and ep.gens[0].token_ids[-1] == newline
+    assert ep.params[0].stop == ("\n",) and ep.gens[0].token_ids[-1] == newline
     assert out.choices[0].message.content == "alpha" and ep.response()[0] == list(ep.gens[0].token_ids)
     ep = Episode(tiny_tokenizer, ["no match here"])
     out = await ep.client.chat.completions.create(messages=MESSAGES, stop=["zebra"])
@@ -98,7 +99,7 @@ async def test_stop_strings_first_match_wins_and_single_tokens_stop_the_engine(t
 async def test_stop_match_in_a_reply_cut_at_max_tokens_finishes_with_stop(tiny_tokenizer):
     ep = Episode(tiny_tokenizer, ["one two three four five six seven eight nine ten"])
     out = await ep.client.chat.completions.create(messages=MESSAGES, stop=["two"], max_tokens=6)
-    assert ep.gens[0].finish_reason == "length" and out.choices[0].finish_reason == "stop"
+    assert ep.gens[0].finish_reason == out.choices[0].finish_reason == "stop"
     assert out.choices[0].message.content == "one "
 
 
