@@ -32,7 +32,6 @@ import functools
 import logging
 import secrets
 import traceback
-from collections.abc import Callable
 from typing import Any, Literal
 
 import anyio
@@ -48,7 +47,7 @@ from arl.intercept.server import ProxyServer
 from arl.intercept.tracker import Keep, MessageTracker, Request, TrackedSample
 from arl.rollout.base import EnvManager, Episode, EpisodeSpec, request_seed
 from arl.rollout.records import EXIT_REASONS, Sample, Trajectory, Turn
-from arl.rollout.runners import RunnerFactory, gym_runner
+from arl.rollout.runners import RunnerBinder, RunnerFactory, gym_runner
 
 Transport = Literal["inprocess", "http"]
 
@@ -56,8 +55,9 @@ _log = logging.getLogger(__name__)
 
 
 def gym_runner_factory(config: ManagerConfig, runner_cls: type = GymRunner, **kwargs: Any) -> RunnerFactory:
-    """A factory of `GymRunner` (or `ToolCallRunner`) playing ``spec.env_id`` with the config's
-    sampling settings, so proxy episodes sample like TrajEnvManager's."""
+    """The `RunnerFactory` of `GymRunner` (or `ToolCallRunner`) playing ``spec.env_id`` with the
+    config's sampling settings, so proxy episodes sample like TrajEnvManager's. Called with the
+    config alone it is a `RunnerBinder`: `ProxyEnvManager`'s default ``runner_for``."""
     return functools.partial(_bound_gym_runner, config, runner_cls, kwargs)
 
 
@@ -105,7 +105,7 @@ class ProxyEnvManager(EnvManager):
         server: ProxyServer | None = None,
         model_name: str = "arl",
         chat_template_kwargs: dict[str, Any] | None = None,
-        runner_for: Callable[[ManagerConfig], RunnerFactory] | None = None,
+        runner_for: RunnerBinder | None = None,
     ) -> None:
         super().__init__(engine, config)
         if transport not in ("inprocess", "http"):
@@ -166,7 +166,7 @@ class ProxyEnvManager(EnvManager):
 
     def derive(self, config: ManagerConfig | None = None, engine: Any = None) -> ProxyEnvManager:
         """The same agent, transport and tracker with another config (the validation manager's
-        temperature) or engine (the warm-start teacher). A factory given as ``runner_for`` is
+        temperature) or engine (the warm-start teacher). A `RunnerBinder` given as ``runner_for`` is
         re-bound to the new config; a plain ``runner_factory`` is reused as it is."""
         config = config or self.config
         kwargs: dict[str, Any] = (
