@@ -2,7 +2,7 @@
 
 Any program that uses the stock `openai` client works: it is started with
 
-- ``OPENAI_BASE_URL`` = the proxy's base URL and ``OPENAI_API_KEY`` = the episode's env id
+- ``OPENAI_BASE_URL`` = the proxy's base URL and ``OPENAI_API_KEY`` = the episode key
   (both read by ``openai.AsyncOpenAI()`` / ``openai.OpenAI()`` with no arguments),
 - ``ARL_SEED`` = the episode seed, ``ARL_MODEL`` = the model name to send,
 - ``ARL_RESULT_PATH`` = where to write its episode result as JSON (the fields of
@@ -167,7 +167,7 @@ class PushModeRunner(AgentRunner):
     """Runs ``command`` as the agent of one episode, pointed at ``client``'s server.
 
     ``client`` is an HTTP OpenAI client (``openai.AsyncOpenAI(base_url=proxy.base_url,
-    api_key=env_id)``): the runner passes its ``base_url`` and ``api_key`` to the process and
+    api_key=episode_key)``): the runner passes its ``base_url`` and ``api_key`` to the process and
     never calls it itself. ``env_extra`` adds environment variables, ``inherit_env`` names more of
     the trainer's to pass through; ``cwd`` is the working dir.
     """

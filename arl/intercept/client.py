@@ -36,7 +36,7 @@ import anyio
 from arl.intercept.protocol import ChatRequest, InterceptError, completion_chunks, error_body, parse_request
 from arl.intercept.responses import respond, response_events
 
-Handler = Callable[[str, ChatRequest], Awaitable[Any]]  # (env_id, request) -> openai ChatCompletion
+Handler = Callable[[str, ChatRequest], Awaitable[Any]]  # (episode_key, request) -> openai ChatCompletion
 
 URL = "http://arl.inprocess/v1/chat/completions"  # what the synthetic error responses point at
 
@@ -123,13 +123,13 @@ class ChunkStream:
 
 
 class InProcessClient:
-    """`openai.AsyncOpenAI` look-alike whose ``chat.completions.create`` awaits ``handler(env_id,
-    request)``. ``api_key`` is the env id, as it is for the HTTP proxy."""
+    """`openai.AsyncOpenAI` look-alike whose ``chat.completions.create`` awaits
+    ``handler(episode_key, request)``. ``api_key`` is the episode key, as it is for the HTTP proxy."""
 
-    def __init__(self, handler: Handler, env_id: str, *, model: str = "arl") -> None:
+    def __init__(self, handler: Handler, episode_key: str, *, model: str = "arl") -> None:
         self.handler = handler
-        self.env_id = env_id
-        self.api_key = env_id
+        self.episode_key = episode_key
+        self.api_key = episode_key
         self.model = model
         self.base_url = URL.rsplit("/chat/completions", 1)[0] + "/"
 
@@ -203,7 +203,7 @@ class _Completions:
 
         async def call() -> Any:
             request = parse_request(body)
-            completion = await self._client.handler(self._client.env_id, request)
+            completion = await self._client.handler(self._client.episode_key, request)
             if request.stream:
                 return ChunkStream(completion_chunks(completion, include_usage=request.include_usage))
             return completion
@@ -267,7 +267,7 @@ class _Responses:
         body.update(_plain(extra_body or {}))
 
         async def call() -> Any:
-            request, response = await respond(self._client.handler, self._client.env_id, body)
+            request, response = await respond(self._client.handler, self._client.episode_key, body)
             return ChunkStream(response_events(response)) if request.stream else response
 
         return await _call(call, timeout)

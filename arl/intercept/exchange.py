@@ -11,7 +11,7 @@ the samples are the same. ``POST /v1/responses`` (the Responses API) goes the sa
 `arl.intercept.responses.respond` (the chat request it becomes reaches the same handler); its
 stream is the Responses API's ``event:``/``data:`` events, without ``[DONE]``.
 
-There is no routing key: a pipe belongs to one episode, so ``handler`` and ``env_id`` are bound
+There is no routing: a pipe belongs to one episode, so ``handler`` and ``episode_key`` are bound
 by whoever owns it (`responder`). Failures are answered, never raised, with the server's table:
 404 unknown route (its message lists `ENDPOINTS`), 405 wrong method, 400 body not JSON or not a
 valid request, 413 body over ``max_body``, an `InterceptError`'s own status, 500 for anything
@@ -98,7 +98,7 @@ def route_reply(method: str, path: str, *, model_name: str = "arl") -> Reply | N
     )
 
 
-async def exchange(handler: Handler, env_id: str, method: str, path: str, body: bytes, *,
+async def exchange(handler: Handler, episode_key: str, method: str, path: str, body: bytes, *,
                    model_name: str = "arl", max_body: int = MAX_BODY) -> Reply:
     """The `Reply` `ProxyServer` would send for this request."""
     routed = route_reply(method, path, model_name=model_name)
@@ -113,14 +113,14 @@ async def exchange(handler: Handler, env_id: str, method: str, path: str, body: 
         except (ValueError, RecursionError) as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
         if path.split("?", 1)[0].rstrip("/") == RESPONSES_PATH:
-            responses_request, response = await respond(handler, env_id, data)
+            responses_request, response = await respond(handler, episode_key, data)
             request = responses_request.chat
             if responses_request.stream:
                 events = tuple(sse_response_events(response_events(response)))
                 return Reply(200, b"".join(events), events, request)
             return Reply(200, response.model_dump_json(exclude_unset=True).encode(), request=request)
         request = parse_request(data)
-        completion = await handler(env_id, request)
+        completion = await handler(episode_key, request)
         if request.stream:
             events = tuple(sse_events(completion_chunks(completion, include_usage=request.include_usage)))
             return Reply(200, b"".join(events), events, request)
@@ -133,22 +133,22 @@ async def exchange(handler: Handler, env_id: str, method: str, path: str, body: 
                                    "handler_error"), request=request)
 
 
-async def answer(handler: Handler, env_id: str, method: str, path: str, body: bytes, *,
+async def answer(handler: Handler, episode_key: str, method: str, path: str, body: bytes, *,
                  model_name: str = "arl", max_body: int = MAX_BODY) -> tuple[int, bytes]:
     """The response ``(status, body)`` `ProxyServer` would send for this request (a streamed
     reply's body is its whole SSE stream: the ``openai`` client parses it whatever the content type)."""
-    reply = await exchange(handler, env_id, method, path, body, model_name=model_name, max_body=max_body)
+    reply = await exchange(handler, episode_key, method, path, body, model_name=model_name, max_body=max_body)
     return reply.status, reply.body
 
 
 def responder(client: Any, *, model_name: str | None = None) -> Respond:
-    """`answer` bound to an `InProcessClient`'s handler and env id: the episode's requests go to
+    """`answer` bound to an `InProcessClient`'s handler and episode key: the episode's requests go to
     the handler that client calls (what `ProxyEnvManager` builds with ``transport="inprocess"``)."""
-    handler, env_id = getattr(client, "handler", None), getattr(client, "env_id", None)
-    if handler is None or env_id is None:
+    handler, episode_key = getattr(client, "handler", None), getattr(client, "episode_key", None)
+    if handler is None or episode_key is None:
         raise ValueError(f"pull mode answers through the episode's handler: give an InProcessClient "
                          f"(transport: inprocess), got {type(client).__name__}")
-    return functools.partial(answer, handler, env_id, model_name=model_name or getattr(client, "model", "arl"))
+    return functools.partial(answer, handler, episode_key, model_name=model_name or getattr(client, "model", "arl"))
 
 
 __all__ = ["CHAT_PATH", "ENDPOINTS", "MAX_BODY", "MODELS_PATH", "POST_PATHS", "RESPONSES_PATH", "Reply", "Respond", "answer", "exchange",

@@ -109,7 +109,7 @@ def _constraint_name(request: ChatRequest) -> str:
 
 
 class ChatHandler:
-    """``await handler(env_id, request) -> ChatCompletion`` for one episode (see the module doc)."""
+    """``await handler(episode_key, request) -> ChatCompletion`` for one episode (see the module doc)."""
 
     def __init__(
         self,
@@ -128,7 +128,7 @@ class ChatHandler:
         self.max_model_len = max_model_len if max_model_len is not None else getattr(engine, "max_model_len", None)
         self.seed_for = seed_for
         self._generate = generate or self._engine_generate
-        self.name = name  # the episode's name in errors and completion ids (default: the routed key)
+        self.name = name  # the episode's name in errors and completion ids (default: the episode key)
         self.calls = 0  # model calls started (the index `seed_for` gets)
         self.closed = False
         self.fault: tuple[str, str, str] | None = None
@@ -144,11 +144,11 @@ class ChatHandler:
         gen = await self.engine.generate(prompt_ids, params)
         return gen[0] if isinstance(gen, list) else gen
 
-    async def __call__(self, env_id: str, request: ChatRequest) -> Any:
-        env_id = self.name or env_id  # over HTTP the routed key is a secret bearer token: never echo it
+    async def __call__(self, episode_key: str, request: ChatRequest) -> Any:
+        label = self.name or episode_key  # over HTTP the episode key is a secret bearer token: never echo it
         if self.closed or self.fault is not None:
             reason = self.fault[1] if self.fault else "finished"
-            raise EpisodeClosed(f"episode {env_id!r} has ended ({reason})")
+            raise EpisodeClosed(f"episode {label!r} has ended ({reason})")
         for kind, names in (("noop", request.noop), ("unknown", request.unknown)):
             for name in names:
                 self.stats[f"{kind}_fields"] += 1
@@ -231,7 +231,7 @@ class ChatHandler:
             pieces = tokenizer.convert_ids_to_tokens(list(ids))
             token_logprobs = list(zip(pieces, lps, strict=True))
         return make_completion(
-            completion_id=f"chatcmpl-{env_id}-{turn}", model=request.model, content=content, tool_calls=calls,
+            completion_id=f"chatcmpl-{label}-{turn}", model=request.model, content=content, tool_calls=calls,
             finish_reason=finish, prompt_tokens=len(prompt.prompt_ids), completion_tokens=len(ids),
             token_logprobs=token_logprobs,
         )

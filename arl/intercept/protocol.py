@@ -96,7 +96,7 @@ class Unauthorized(InterceptError):
 
 
 class UnknownEpisode(InterceptError):
-    status, type, code = 404, "not_found_error", "unknown_env_id"
+    status, type, code = 404, "not_found_error", "unknown_episode_key"
 
 
 class EpisodeClosed(InterceptError):

@@ -431,14 +431,14 @@ def sse_response_events(events: Sequence[Any]) -> list[bytes]:
             for e in events]
 
 
-async def respond(handler: Any, env_id: str, body: Any) -> tuple[ResponsesRequest, Any]:
+async def respond(handler: Any, episode_key: str, body: Any) -> tuple[ResponsesRequest, Any]:
     """Answer a Responses body with the episode's chat handler: ``(request, Response)``. The
     handler's `ResponseStore` (``handler.responses``, when it has one) resolves
     ``previous_response_id`` and keeps the response unless ``store`` is false."""
     store = getattr(handler, "responses", None)
     store = store if isinstance(store, ResponseStore) else None
     request = parse_responses_request(body, store)
-    completion = await handler(env_id, request.chat)
+    completion = await handler(episode_key, request.chat)
     response = make_response(completion, request)
     if store is not None and request.store:
         store.put(response.id, StoredResponse(request.previous_response_id, request.added, reply_message(completion)))

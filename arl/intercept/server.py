@@ -64,7 +64,7 @@ from arl.intercept.protocol import (
 )
 
 MAX_WARNED = 1024  # distinct unknown fields / routes counted by name and logged once
-MAX_CLOSED = 1 << 16  # closed env ids remembered for their 410 (oldest forgotten first: then 404)
+MAX_CLOSED = 1 << 16  # closed episode keys remembered for their 410 (oldest forgotten first: then 404)
 
 _log = logging.getLogger(__name__)
 
@@ -87,9 +87,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 class ProxyServer:
-    """OpenAI-compatible chat-completions endpoint on loopback, routed by bearer env id.
+    """OpenAI-compatible chat-completions endpoint on loopback, routed by bearer episode key.
 
-    ``async with ProxyServer() as server: server.register(env_id, handler); ...``. ``port=0``
+    ``async with ProxyServer() as server: server.register(episode_key, handler); ...``. ``port=0``
     takes an ephemeral port; `base_url` is ``http://127.0.0.1:<port>/v1``.
     """
 
@@ -151,40 +151,40 @@ class ProxyServer:
         return f"http://{self.host}:{self.port}/v1"
 
     # -- routing ---------------------------------------------------------------------------------
-    def register(self, env_id: str, handler: Handler) -> None:
-        """Route ``Bearer env_id`` to ``handler(env_id, request)``; re-registering replaces it."""
-        if not env_id or any(c.isspace() for c in env_id):
-            raise ValueError(f"env id must be non-empty without whitespace, got {env_id!r}")
-        self._closed.pop(env_id, None)
-        self._handlers[env_id] = handler
+    def register(self, episode_key: str, handler: Handler) -> None:
+        """Route ``Bearer episode_key`` to ``handler(episode_key, request)``; re-registering replaces it."""
+        if not episode_key or any(c.isspace() for c in episode_key):
+            raise ValueError(f"episode key must be non-empty without whitespace, got {episode_key!r}")
+        self._closed.pop(episode_key, None)
+        self._handlers[episode_key] = handler
 
-    def unregister(self, env_id: str) -> None:
-        """Forget the env id entirely (its requests get 404)."""
-        self._handlers.pop(env_id, None)
-        self._closed.pop(env_id, None)
+    def unregister(self, episode_key: str) -> None:
+        """Forget the episode key entirely (its requests get 404)."""
+        self._handlers.pop(episode_key, None)
+        self._closed.pop(episode_key, None)
 
-    def close_episode(self, env_id: str) -> None:
-        """The episode ended: later requests with this env id get 410."""
-        self._handlers.pop(env_id, None)
-        self._closed[env_id] = None
-        self._closed.move_to_end(env_id)
+    def close_episode(self, episode_key: str) -> None:
+        """The episode ended: later requests with this episode key get 410."""
+        self._handlers.pop(episode_key, None)
+        self._closed[episode_key] = None
+        self._closed.move_to_end(episode_key)
         while len(self._closed) > MAX_CLOSED:
             self._closed.popitem(last=False)
 
     @property
-    def env_ids(self) -> list[str]:
+    def episode_keys(self) -> list[str]:
         return list(self._handlers)
 
     def _route(self, auth: str) -> tuple[str, Handler]:
         scheme, _, token = auth.strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
-            raise Unauthorized("missing or malformed 'Authorization: Bearer <env_id>' header")
+            raise Unauthorized("missing or malformed 'Authorization: Bearer <episode_key>' header")
         handler = self._handlers.get(token)
         if handler is None:
             if token in self._closed:
-                raise EpisodeClosed(f"the episode of env id {token!r} has ended")
-            raise UnknownEpisode(f"unknown env id {token[:64]!r}")
+                raise EpisodeClosed(f"the episode of key {token!r} has ended")
+            raise UnknownEpisode(f"unknown episode key {token[:64]!r}")
         return token, handler
 
     # -- endpoints -------------------------------------------------------------------------------
@@ -204,14 +204,14 @@ class ProxyServer:
                                  method, path[:200], supported_endpoints())
             return reply
         try:
-            env_id, handler = self._route(authorization)
+            episode_key, handler = self._route(authorization)
             if body is None:
                 raise PayloadTooLarge(f"request body too large: over {self.client_max_size} bytes")
         except InterceptError as exc:
             self.stats["errors"] += 1
             return Reply(exc.status, json.dumps(exc.to_json()).encode())
         # parse, validate, handle, serialize: the one exchange every transport shares (pull mode too)
-        reply = await exchange(handler, env_id, method, path, body, model_name=self.model_name,
+        reply = await exchange(handler, episode_key, method, path, body, model_name=self.model_name,
                                max_body=self.client_max_size)
         if reply.request is not None:
             self._count_fields(reply.request)

@@ -5,7 +5,7 @@
                                 http_client=transport_client(transport))
     # or one episode's handler, no token needed:
     client = openai.AsyncOpenAI(base_url=BASE_URL, api_key="arl",
-                                http_client=transport_client(InProcessTransport.for_handler(handler, env_id)))
+                                http_client=transport_client(InProcessTransport.for_handler(handler, episode_key)))
 
 The stock ``openai`` client (and every framework that takes one, or an ``http_client``) then
 plays the episode in process: each request its ``httpx`` client sends is answered by calling
@@ -33,10 +33,10 @@ transport, the worker waiting for it (at most the request's read timeout), so th
 tracker and the engine stay on their loop. Called on the loop's own thread it raises instead of
 deadlocking. `sync_transport_client` builds the ``Client``::
 
-    transport = SyncInProcessTransport.for_handler(handler, env_id)       # on the loop
+    transport = SyncInProcessTransport.for_handler(handler, episode_key)  # on the loop
     http = sync_transport_client(transport)
     model = OpenAIModel("arl", api_base=BASE_URL, api_key="arl", client_kwargs={"http_client": http})
-    await anyio.to_thread.run_sync(agent.run, task)                       # the sync agent, off the loop
+    await anyio.to_thread.run_sync(agent.run, task)                      # the sync agent, off the loop
 """
 
 from __future__ import annotations
@@ -54,18 +54,18 @@ BASE_URL = "http://arl.inprocess/v1"  # any host works: nothing is resolved or c
 class _Routing:
     """What both transports hold: a `ProxyServer` to route by token, or one episode's handler."""
 
-    def __init__(self, server: Any = None, *, handler: Handler | None = None, env_id: str = "arl",
+    def __init__(self, server: Any = None, *, handler: Handler | None = None, episode_key: str = "arl",
                  model_name: str | None = None) -> None:
         if (server is None) == (handler is None):
             raise ValueError("give a ProxyServer or a handler (InProcessTransport.for_handler), not both")
-        self.server, self.handler, self.env_id = server, handler, env_id
+        self.server, self.handler, self.episode_key = server, handler, episode_key
         self.model_name = model_name or getattr(server, "model_name", None) or "arl"
 
     @classmethod
-    def for_handler(cls, handler: Handler, env_id: str = "arl", *, model_name: str | None = None,
+    def for_handler(cls, handler: Handler, episode_key: str = "arl", *, model_name: str | None = None,
                     **kwargs: Any) -> Any:
-        """Every request goes to ``handler(env_id, request)`` (one episode; no token checked)."""
-        return cls(handler=handler, env_id=env_id, model_name=model_name, **kwargs)
+        """Every request goes to ``handler(episode_key, request)`` (one episode; no token checked)."""
+        return cls(handler=handler, episode_key=episode_key, model_name=model_name, **kwargs)
 
     async def _answer(self, request: Any, body: bytes) -> Any:
         """The ``httpx`` response to one request, as the loopback proxy answers it."""
@@ -75,7 +75,7 @@ class _Routing:
             reply: Reply = await self.server.dispatch(
                 request.method, path, request.headers.get("Authorization", ""), body if len(body) <= limit else None)
         else:
-            reply = await exchange(self.handler, self.env_id, request.method, path, body,
+            reply = await exchange(self.handler, self.episode_key, request.method, path, body,
                                    model_name=self.model_name)
         kind = "text/event-stream" if reply.events is not None else "application/json"
         return self.httpx.Response(reply.status, headers={"content-type": kind}, content=reply.body,
@@ -90,9 +90,9 @@ def transport_class(httpx: Any) -> type:
         """An ``httpx`` transport answering requests with a `ProxyServer`'s handlers (routed by
         bearer token) or one handler (`for_handler`), in process (the module doc)."""
 
-        def __init__(self, server: Any = None, *, handler: Handler | None = None, env_id: str = "arl",
+        def __init__(self, server: Any = None, *, handler: Handler | None = None, episode_key: str = "arl",
                      model_name: str | None = None) -> None:
-            super().__init__(server, handler=handler, env_id=env_id, model_name=model_name)
+            super().__init__(server, handler=handler, episode_key=episode_key, model_name=model_name)
             self.httpx = httpx
 
         async def handle_async_request(self, request: Any) -> Any:
@@ -110,9 +110,9 @@ def sync_transport_class(httpx: Any) -> type:
         answered on the event loop it was built on (``loop``: default the running one), as
         `InProcessTransport` answers it."""
 
-        def __init__(self, server: Any = None, *, handler: Handler | None = None, env_id: str = "arl",
+        def __init__(self, server: Any = None, *, handler: Handler | None = None, episode_key: str = "arl",
                      model_name: str | None = None, loop: asyncio.AbstractEventLoop | None = None) -> None:
-            super().__init__(server, handler=handler, env_id=env_id, model_name=model_name)
+            super().__init__(server, handler=handler, episode_key=episode_key, model_name=model_name)
             self.httpx = httpx
             self.loop = loop or asyncio.get_running_loop()
 

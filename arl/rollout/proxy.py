@@ -1,12 +1,12 @@
 """ProxyEnvManager: black-box agent code plays the episode; its model calls become samples.
 
-Per episode (env id = ``spec.traj_id``) the manager builds the episode's `ChatHandler`
-(arl/intercept/handler.py: messages -> tokens via the episode's `MessageTracker`, the engine
-with the same sampling parameters and per-request seed TrajEnvManager would use, the engine's
-exact tokens and log-probs recorded) and an OpenAI-compatible client calling it — an
-`InProcessClient` (``transport="inprocess"``: a plain function call) or a stock
-``openai.AsyncOpenAI`` pointed at a `ProxyServer` (``transport="http"``, with an unguessable
-per-episode bearer token) — hands the client to ``runner_factory(client, spec)`` and awaits
+Per episode the manager builds the episode's `ChatHandler` (arl/intercept/handler.py: messages
+-> tokens via the episode's `MessageTracker`, the engine with the same sampling parameters and
+per-request seed TrajEnvManager would use, the engine's exact tokens and log-probs recorded) and
+an OpenAI-compatible client calling it — an `InProcessClient` (``transport="inprocess"``: a
+plain function call, episode key ``spec.traj_id``) or a stock ``openai.AsyncOpenAI`` pointed at a
+`ProxyServer` (``transport="http"``, with an unguessable per-episode bearer token as the episode
+key) — hands the client to ``runner_factory(client, spec)`` and awaits
 ``runner.run_job(spec.seed)``.
 
 After the episode the tracker yields the samples: ``tracker_mode="traj"`` one per branch (see
@@ -32,7 +32,6 @@ import functools
 import logging
 import secrets
 import traceback
-from collections.abc import Callable
 from typing import Any, Literal
 
 import anyio
@@ -48,7 +47,7 @@ from arl.intercept.server import ProxyServer
 from arl.intercept.tracker import Keep, MessageTracker, Request, TrackedSample
 from arl.rollout.base import EnvManager, Episode, EpisodeSpec, request_seed
 from arl.rollout.records import EXIT_REASONS, Sample, Trajectory, Turn
-from arl.rollout.runners import RunnerFactory, gym_runner
+from arl.rollout.runners import RunnerBinder, RunnerFactory, gym_runner
 
 Transport = Literal["inprocess", "http"]
 
@@ -56,8 +55,9 @@ _log = logging.getLogger(__name__)
 
 
 def gym_runner_factory(config: ManagerConfig, runner_cls: type = GymRunner, **kwargs: Any) -> RunnerFactory:
-    """A factory of `GymRunner` (or `ToolCallRunner`) playing ``spec.env_id`` with the config's
-    sampling settings, so proxy episodes sample like TrajEnvManager's."""
+    """The `RunnerFactory` of `GymRunner` (or `ToolCallRunner`) playing ``spec.env_id`` with the
+    config's sampling settings, so proxy episodes sample like TrajEnvManager's. Called with the
+    config alone it is a `RunnerBinder`: `ProxyEnvManager`'s default ``runner_for``."""
     return functools.partial(_bound_gym_runner, config, runner_cls, kwargs)
 
 
@@ -105,7 +105,7 @@ class ProxyEnvManager(EnvManager):
         server: ProxyServer | None = None,
         model_name: str = "arl",
         chat_template_kwargs: dict[str, Any] | None = None,
-        runner_for: Callable[[ManagerConfig], RunnerFactory] | None = None,
+        runner_for: RunnerBinder | None = None,
     ) -> None:
         super().__init__(engine, config)
         if transport not in ("inprocess", "http"):
@@ -143,7 +143,7 @@ class ProxyEnvManager(EnvManager):
                 await self.server.start()
             return self.server
 
-    async def _client_for(self, env_id: str, handler: Any) -> tuple[Any, str | None]:
+    async def _client_for(self, episode_key: str, handler: Any) -> tuple[Any, str | None]:
         """The episode's OpenAI-compatible client, and its bearer token over HTTP.
 
         The token is an unguessable capability (`secrets.token_urlsafe`), not the episode id:
@@ -151,7 +151,7 @@ class ProxyEnvManager(EnvManager):
         write into that episode's trajectory. Only this manager knows which token is which episode.
         """
         if self.transport == "inprocess":
-            return InProcessClient(handler, env_id, model=self.model_name), None
+            return InProcessClient(handler, episode_key, model=self.model_name), None
         import openai
 
         server = await self._ensure_server()
@@ -166,7 +166,7 @@ class ProxyEnvManager(EnvManager):
 
     def derive(self, config: ManagerConfig | None = None, engine: Any = None) -> ProxyEnvManager:
         """The same agent, transport and tracker with another config (the validation manager's
-        temperature) or engine (the warm-start teacher). A factory given as ``runner_for`` is
+        temperature) or engine (the warm-start teacher). A `RunnerBinder` given as ``runner_for`` is
         re-bound to the new config; a plain ``runner_factory`` is reused as it is."""
         config = config or self.config
         kwargs: dict[str, Any] = (
@@ -202,13 +202,13 @@ class ProxyEnvManager(EnvManager):
             _CURRENT.reset(token)
 
     async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
-        env_id = spec.traj_id
-        if env_id in self._active:
-            raise RuntimeError(f"episode {env_id!r} is already running in this manager")
+        episode_key = spec.traj_id
+        if episode_key in self._active:
+            raise RuntimeError(f"episode {episode_key!r} is already running in this manager")
         c = self.config
         tracker = MessageTracker(self.tokenizer, chat_template_kwargs=self.chat_template_kwargs)
         handler = ChatHandler(
-            self.engine, tracker, name=env_id, max_model_len=self.max_model_len,
+            self.engine, tracker, name=episode_key, max_model_len=self.max_model_len,
             defaults=SamplingDefaults(c.max_tokens, c.temperature, c.top_p, c.top_k),
             # the same per-call seeds TrajEnvManager uses, so proxy and traj samples can match
             seed_for=functools.partial(request_seed, c, spec) if c.sampling_seed is not None else None,
@@ -216,10 +216,10 @@ class ProxyEnvManager(EnvManager):
         )
         state = _Episode(spec, traj, handler)
         _CURRENT.get().append(state)
-        self._active.add(env_id)
+        self._active.add(episode_key)
         token = None
         try:
-            client, token = await self._client_for(env_id, handler)
+            client, token = await self._client_for(episode_key, handler)
             try:
                 runner = self.runner_factory(client, spec)  # agent code too: its failures are the agent's
                 state.result = await runner.run_job(spec.seed)
@@ -229,7 +229,7 @@ class ProxyEnvManager(EnvManager):
                 traj.traceback = traceback.format_exc()
         finally:
             handler.close()
-            self._active.discard(env_id)
+            self._active.discard(episode_key)
             if token is not None and self.server is not None:
                 self.server.close_episode(token)  # its later requests get 410
         if state.result is not None and (problem := _result_problem(state.result)) is not None:

@@ -2,9 +2,10 @@
 
 A runner factory is ``factory(client, spec, config, **runner_kwargs) -> AgentRunner``: ``client``
 is the episode's OpenAI-compatible client, ``spec`` its `EpisodeSpec`, ``config`` the
-`ManagerConfig` whose sampling settings the runner should use. `runner_factory` binds one to a
-config and kwargs, giving the ``(client, spec) -> AgentRunner`` callable `ProxyEnvManager` calls
-per episode.
+`ManagerConfig` whose sampling settings the runner should use. `bind_runner` turns one and its
+kwargs into a `RunnerBinder`, ``config -> RunnerFactory``: `ProxyEnvManager(runner_for=...)`
+binds it to its config, giving the ``(client, spec) -> AgentRunner`` callable (a `RunnerFactory`)
+it calls per episode. `runner_binder` is the `RunnerBinder` of the runner a `ProxyConfig` names.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from arl.agents.runner import AgentRunner
 from arl.config import ManagerConfig, ProxyConfig
 from arl.rollout.base import EpisodeSpec
 
-RunnerFactory = Callable[[Any, EpisodeSpec], AgentRunner]
+RunnerFactory = Callable[[Any, EpisodeSpec], AgentRunner]  # (client, spec) -> the episode's runner
+RunnerBinder = Callable[[ManagerConfig], RunnerFactory]  # config -> the RunnerFactory bound to it
 
 
 def gym_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, runner_cls: Any = None,
@@ -138,7 +140,7 @@ def resolve_runner(name: str) -> Callable[..., AgentRunner]:
     return target
 
 
-def bind_runner(make: Callable[..., AgentRunner], **kwargs: Any) -> Callable[[ManagerConfig], RunnerFactory]:
+def bind_runner(make: Callable[..., AgentRunner], **kwargs: Any) -> RunnerBinder:
     """``make(client, spec, config, **kwargs)`` as ``config -> (client, spec) -> runner``, what
     `ProxyEnvManager(runner_for=...)` takes: the manager binds it to its own config, and re-binds it
     to each config it is derived with (the validation manager's temperature).
@@ -152,8 +154,9 @@ def bind_runner(make: Callable[..., AgentRunner], **kwargs: Any) -> Callable[[Ma
     return bind
 
 
-def runner_factory(proxy: ProxyConfig) -> Callable[[ManagerConfig], RunnerFactory]:
-    """`bind_runner` of the runner a `ProxyConfig` names, with its ``runner_kwargs``."""
+def runner_binder(proxy: ProxyConfig) -> RunnerBinder:
+    """`bind_runner` of the runner a `ProxyConfig` names, with its ``runner_kwargs``: not a
+    runner factory, the `RunnerBinder` that makes one per `ManagerConfig`."""
     make = resolve_runner(proxy.runner)
     kwargs = dict(proxy.runner_kwargs)
     if make in (push_runner, pull_runner) and not kwargs.get("command"):
@@ -170,5 +173,5 @@ def _call_runner(make: Callable[..., AgentRunner], config: ManagerConfig, kwargs
     return make(client, spec, config, **kwargs)
 
 
-__all__ = ["RUNNERS", "RunnerFactory", "bind_runner", "check_pull_env", "gym_runner", "pull_runner", "push_runner", "resolve_runner",
-           "runner_factory", "tool_runner"]
+__all__ = ["RUNNERS", "RunnerBinder", "RunnerFactory", "bind_runner", "check_pull_env", "gym_runner", "pull_runner",
+           "push_runner", "resolve_runner", "runner_binder", "tool_runner"]

@@ -69,7 +69,7 @@ async def test_deeply_nested_request_body_is_a_400_and_the_session_goes_on():
     from arl.intercept.exchange import responder
 
     class NoClient:  # the responder refuses the body before the handler is called
-        handler, env_id = object(), "e"
+        handler, episode_key = object(), "e"
 
     body = """
         status = request(b"[" * 100_000)

@@ -77,7 +77,7 @@ class ApiError(Exception):
         (ApiError(400, "context_length_exceeded"), ("Finished", "max_length")),
         (ApiError(500, "engine_error"), ("Failed", "engine_error")),
         (ConnectionError("refused"), ("Failed", "engine_error")),
-        (ApiError(404, "unknown_env_id"), ("Failed", "agent_error")),
+        (ApiError(404, "unknown_episode_key"), ("Failed", "agent_error")),
     ],
 )
 async def test_model_call_failures_are_reported_with_partial_score(error, expected):

@@ -16,7 +16,7 @@ from arl.intercept import ChatHandler, InProcessClient, MessageTracker
 from arl.intercept.exchange import responder
 from arl.rollout import EpisodeSpec
 from arl.rollout.factory import close_manager, make_manager
-from arl.rollout.runners import runner_factory
+from arl.rollout.runners import runner_binder
 
 pytestmark = pytest.mark.anyio
 
@@ -152,12 +152,12 @@ async def test_agent_output_reaches_the_error_tail(tiny_tokenizer):
 
 
 def test_config_wiring(tiny_tokenizer):
-    make = runner_factory(ProxyConfig(runner="pull", runner_kwargs={"command": AGENT}))
-    assert callable(make(ManagerConfig()))
+    binder = runner_binder(ProxyConfig(runner="pull", runner_kwargs={"command": AGENT}))
+    assert callable(binder(ManagerConfig()))  # a RunnerFactory
     with pytest.raises(ValueError, match="runner_kwargs.command"):
-        runner_factory(ProxyConfig(runner="pull"))
+        runner_binder(ProxyConfig(runner="pull"))
     with pytest.raises(ValueError, match="transport=inprocess"):
-        runner_factory(ProxyConfig(runner="pull", transport="http", runner_kwargs={"command": AGENT}))
+        runner_binder(ProxyConfig(runner="pull", transport="http", runner_kwargs={"command": AGENT}))
     with pytest.raises(ValueError, match="InProcessClient"):
         responder(object())
     with pytest.raises(ValueError, match="sandbox"):

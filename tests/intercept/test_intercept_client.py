@@ -22,8 +22,8 @@ MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}
 
 
 def echo_handler(seen: list):
-    async def handler(env_id: str, request: ChatRequest):
-        seen.append((env_id, request))
+    async def handler(episode_key: str, request: ChatRequest):
+        seen.append((episode_key, request))
         return make_completion(completion_id="c1", model=request.model, content="hi", finish_reason="stop",
                                prompt_tokens=3, completion_tokens=1)
 
@@ -32,15 +32,15 @@ def echo_handler(seen: list):
 
 async def test_create_returns_openai_types_and_passes_fields():
     seen: list = []
-    client = InProcessClient(echo_handler(seen), "env-1")
+    client = InProcessClient(echo_handler(seen), "key-1")
     out = await client.chat.completions.create(
         model="m", messages=MESSAGES, max_tokens=7, temperature=0.5, top_p=0.9, seed=3,
         extra_body={"top_k": 5}, user="u1",
     )
     assert isinstance(out, ChatCompletion) and out.choices[0].message.content == "hi"
     assert out.usage.total_tokens == 4
-    env_id, request = seen[0]
-    assert env_id == "env-1" and request.model == "m"
+    episode_key, request = seen[0]
+    assert episode_key == "key-1" and request.model == "m"
     assert (request.max_tokens, request.temperature, request.top_p, request.top_k, request.seed) == (7, 0.5, 0.9, 5, 3)
     assert request.extra == {"user": "u1"} and request.noop == request.unknown == ()
     assert request.messages == tuple(MESSAGES)
@@ -67,7 +67,7 @@ async def test_pydantic_messages_are_serialized_like_the_stock_client():
     ],
 )
 async def test_handler_errors_become_openai_exceptions(error, cls, status):
-    async def handler(env_id, request):
+    async def handler(episode_key, request):
         raise error
 
     with pytest.raises(cls) as info:
@@ -109,7 +109,7 @@ async def test_invalid_requests_are_bad_requests(kwargs):
 async def test_timeout_raises_api_timeout():
     import anyio
 
-    async def slow(env_id, request):
+    async def slow(episode_key, request):
         await anyio.sleep(5)
 
     with pytest.raises(openai.APITimeoutError):

@@ -21,12 +21,12 @@ MESSAGES = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}
 GOOD = json.dumps({"model": "m", "messages": MESSAGES}).encode()
 
 
-async def ok_handler(env_id: str, request: ChatRequest):
-    return make_completion(completion_id=f"c-{env_id}", model=request.model, content=f"hi {env_id}",
+async def ok_handler(episode_key: str, request: ChatRequest):
+    return make_completion(completion_id=f"c-{episode_key}", model=request.model, content=f"hi {episode_key}",
                            finish_reason="stop", prompt_tokens=2, completion_tokens=1)
 
 
-async def broken_handler(env_id: str, request: ChatRequest):
+async def broken_handler(episode_key: str, request: ChatRequest):
     raise RuntimeError("handler bug")
 
 
@@ -76,7 +76,7 @@ async def test_status_codes_and_keeps_serving():
 
 @pytest.mark.anyio
 async def test_handler_intercept_errors_keep_their_status():
-    async def closed(env_id, request):
+    async def closed(episode_key, request):
         raise EpisodeClosed("done")
 
     async with ProxyServer() as server, aiohttp.ClientSession() as s:
@@ -86,7 +86,7 @@ async def test_handler_intercept_errors_keep_their_status():
 
 @pytest.mark.anyio
 async def test_handler_500s_are_logged_with_their_traceback(caplog):
-    async def closed(env_id, request):
+    async def closed(episode_key, request):
         raise EpisodeClosed("done")
 
     caplog.set_level(logging.ERROR, logger="arl.intercept")  # the shared exchange logs it
@@ -105,10 +105,10 @@ async def test_handler_500s_are_logged_with_their_traceback(caplog):
 @pytest.mark.anyio
 async def test_stock_openai_client_round_trip():
     async with ProxyServer() as server:
-        server.register("env/0", ok_handler)
-        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="env/0", max_retries=0) as client:
+        server.register("episode/0", ok_handler)
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="episode/0", max_retries=0) as client:
             out = await client.chat.completions.create(model="m", messages=MESSAGES)
-            assert out.choices[0].message.content == "hi env/0" and out.usage.total_tokens == 3
+            assert out.choices[0].message.content == "hi episode/0" and out.usage.total_tokens == 3
             with pytest.raises(openai.BadRequestError):
                 await client.chat.completions.create(model="m", messages=[])
         async with openai.AsyncOpenAI(base_url=server.base_url, api_key="other", max_retries=0) as client:

@@ -192,7 +192,7 @@ async def test_reasoning_fields_are_counted_noops_and_logged_once(tiny_tokenizer
 async def test_unknown_paths_list_the_endpoints_and_are_counted_and_logged(caplog):
     caplog.set_level(logging.WARNING, logger="arl.intercept")
 
-    async def handler(env_id, request):
+    async def handler(episode_key, request):
         raise AssertionError("never called")
 
     async with ProxyServer(model_name="policy") as server, aiohttp.ClientSession() as s:

@@ -95,7 +95,7 @@ async def test_transport_errors_are_the_proxy_errors(tiny_tokenizer):
 
         with pytest.raises(openai.NotFoundError) as info:
             await client("guess").chat.completions.create(model="arl", messages=[{"role": "user", "content": "x"}])
-        assert info.value.body["code"] == "unknown_env_id"
+        assert info.value.body["code"] == "unknown_episode_key"
         with pytest.raises(openai.NotFoundError) as info:
             await client("tok").embeddings.create(model="arl", input="x")
         assert "POST /v1/responses" in info.value.body["message"] and info.value.body["code"] == "unknown_endpoint"
@@ -208,7 +208,7 @@ async def test_sync_transport_refuses_the_loop_thread_and_times_out(tiny_tokeniz
             http.get(f"{BASE_URL}/models")
     started = anyio.Event()
 
-    async def slow(env_id, request):
+    async def slow(episode_key, request):
         started.set()
         await anyio.sleep(60)
 

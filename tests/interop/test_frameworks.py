@@ -120,13 +120,13 @@ class InProcessAgent(AgentRunner):
         self.case, self.entry, self.program = case, entry, load(case.module)
 
     async def run_job(self, seed: int) -> EpisodeResult:
-        handler, env_id = self.client.handler, self.client.env_id
+        handler, episode_key = self.client.handler, self.client.episode_key
         if self.case.sync:
-            with sync_transport_client(SyncInProcessTransport.for_handler(handler, env_id)) as http:
+            with sync_transport_client(SyncInProcessTransport.for_handler(handler, episode_key)) as http:
                 play = functools.partial(self.program.play_sync, self.entry, http_client=http, base_url=BASE_URL)
                 result = await anyio.to_thread.run_sync(play)
         else:
-            async with transport_client(InProcessTransport.for_handler(handler, env_id)) as http:
+            async with transport_client(InProcessTransport.for_handler(handler, episode_key)) as http:
                 result = await self.program.play(self.entry, http_client=http, base_url=BASE_URL)
         return EpisodeResult.from_json(result)
 
@@ -137,13 +137,13 @@ def wire(monkeypatch):
     seen: dict[str, list[Any]] = {"chat": [], "responses": []}
     call, respond = ChatHandler.__call__, exchange_mod.respond
 
-    async def recording_call(self, env_id, request):
+    async def recording_call(self, episode_key, request):
         seen["chat"].append(request)
-        return await call(self, env_id, request)
+        return await call(self, episode_key, request)
 
-    async def recording_respond(handler, env_id, body):
+    async def recording_respond(handler, episode_key, body):
         seen["responses"].append(body.get("stream") if isinstance(body, dict) else None)
-        return await respond(handler, env_id, body)
+        return await respond(handler, episode_key, body)
 
     monkeypatch.setattr(ChatHandler, "__call__", recording_call)
     monkeypatch.setattr(exchange_mod, "respond", recording_respond)

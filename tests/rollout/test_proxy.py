@@ -162,7 +162,7 @@ async def test_64_concurrent_episodes(tiny_tokenizer, transport):
     async with ProxyServer() as server:
         manager = ProxyEnvManager(engine, config, transport=transport, server=server)
         batch = await sched.run(manager, sched.specs(0))
-        assert server.env_ids == []  # every episode closed its route
+        assert server.episode_keys == []  # every episode closed its route
     assert len(batch.episodes) == 64
     assert all(e.trajectory.ok and len(e.samples) == 1 for e in batch.episodes)
     reference = TrajEnvManager(engine, config)

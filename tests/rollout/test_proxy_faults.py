@@ -119,7 +119,7 @@ async def test_faults_are_data(fake_engine, transport):
             async with anyio.create_task_group() as tg:
                 for s in specs:
                     tg.start_soon(one, s)
-        assert server.env_ids == []  # every episode, failed or not, closed its route
+        assert server.episode_keys == []  # every episode, failed or not, closed its route
     for member, (status, reasons) in EXPECTED.items():
         traj = results[member].trajectory
         assert (traj.status, traj.exit_reason in reasons) == (status, True), (member, traj.exit_reason, traj.error)

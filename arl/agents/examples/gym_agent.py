@@ -7,7 +7,7 @@ It uses the stock `openai` client configured from the environment (``OPENAI_BASE
 its stdin/stdout through `AsyncPipeTransport` and the result ends the session instead. Run it
 under either runner, or by hand against a server::
 
-    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=<env id> ARL_SEED=3 \\
+    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=<episode key> ARL_SEED=3 \\
     ARL_RESULT_PATH=/tmp/r.json python -m arl.agents.examples.gym_agent --env-id arl/FrozenLake-v0
 
 Defaults come from the environment `PushModeRunner` sets when arl's rollout factory starts it
