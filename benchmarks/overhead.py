@@ -1,7 +1,7 @@
 """Env-manager overhead: framework cost per agent turn with an (almost) free scripted engine.
 
-    .venv/bin/python benchmarks/overhead.py                  # every manager, full size (~3 min on 2 cores)
-    .venv/bin/python benchmarks/overhead.py --quick          # CI smoke size (~10 s)
+    .venv/bin/python benchmarks/overhead.py                  # every manager, full size (~9 min on 2 cores, estimated)
+    .venv/bin/python benchmarks/overhead.py --quick          # CI smoke size (~25 s)
     .venv/bin/python benchmarks/overhead.py --managers traj proxy-inprocess --concurrency 1 16 128
 
 For each manager and concurrency c, plays `--episodes` Sokoban episodes with at most c running at
@@ -16,7 +16,8 @@ around the pieces, exclusive time (a piece nested in another is charged to the i
 engine (the scripted generate, opaque), env (TextEnv construction, reset, step), tokenization
 (tokenizer calls outside the engine), tracker (MessageTracker's own Python), http/json (the
 openai client, InProcessClient's request building and validation, the proxy's routing, JSON and
-response objects, aiohttp and the sockets), agent (GymRunner's own Python), manager (the
+response objects, the Responses API's conversion, the stream's events as the openai client
+parses them, aiohttp and the sockets), agent (GymRunner's own Python), manager (the
 manager's own Python: prompts, turns, samples, the proxy handler) and scheduling (the rest: task
 group, capacity limiter, rollout metrics). The timers cost ~1-2 us per timed call, so the
 instrumented total is a little above the clean figure.
@@ -34,7 +35,18 @@ around the runs and what `__aenter__` returns is used):
   httpx client over `arl.intercept.transport.InProcessTransport`, which calls the `ProxyServer`'s
   request handling in-process (JSON, routing, validation, the openai
   client's own machinery, but no sockets and no aiohttp HTTP parsing);
-- proxy-http: GymRunner through `openai.AsyncOpenAI` and the aiohttp proxy on loopback.
+- proxy-http: GymRunner through `openai.AsyncOpenAI` and the aiohttp proxy on loopback;
+- proxy-responses-inproc / proxy-responses-http: the same turns through the Responses API
+  (``client.responses.create``, `ResponsesGymRunner`: the conversation as ``input`` items, the
+  reply's ``output_text``), over the in-process transport as proxy-openai-inproc, or over
+  loopback HTTP as proxy-http; the server converts each request to the chat request it answers
+  and renders the reply as a ``Response`` (`arl.intercept.responses`);
+- proxy-stream-inproc / proxy-stream-http: the same turns as streamed chat completions
+  (``stream=True``, `StreamingGymRunner` joining the content deltas), in-process or over HTTP:
+  the reply is generated whole, then sent as server-sent events the openai client parses.
+
+Every proxy row plays the same Sokoban episodes with the same replies, so the per-turn figures of
+the last four compare directly with proxy-openai-inproc and proxy-http.
 """
 
 from __future__ import annotations
@@ -48,20 +60,23 @@ import inspect
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _util import MANAGER_MODES, cell, manager_for, result_path, summary, table, write_result  # noqa: E402
+from _util import cell, manager_for, result_path, summary, table, write_result  # noqa: E402
 
+from arl.agents.gym_runner import GymRunner  # noqa: E402
 from arl.config import ManagerConfig  # noqa: E402
 from arl.engine import SamplingParams, make_engine  # noqa: E402
 from arl.intercept.server import ProxyServer  # noqa: E402
 from arl.intercept.transport import InProcessTransport, transport_client  # noqa: E402
 from arl.rollout import GroupScheduler  # noqa: E402
 from arl.rollout.proxy import ProxyEnvManager  # noqa: E402
+from arl.rollout.runners import bind_runner, gym_runner  # noqa: E402
 
 ENV_ID = "arl/Sokoban-v0"
 CLOCK = time.thread_time  # CPU time of the event-loop thread: other tenants of a shared machine do not count
@@ -78,19 +93,66 @@ class InProcessServer(ProxyServer):
     base_url = "http://arl.inprocess/v1"
 
 
-def openai_inprocess_manager(engine: Any, config: ManagerConfig) -> ProxyEnvManager:
-    """proxy-http's manager whose openai clients reach the server's handler in-process."""
-    manager = manager_for("proxy-http", engine, config)
+def in_process(manager: ProxyEnvManager) -> ProxyEnvManager:
+    """An HTTP-transport manager whose openai clients reach the server's handler in-process."""
     manager.server = InProcessServer()  # given, not owned: `aclose` leaves it alone
     manager._http_client = transport_client(InProcessTransport(manager.server))
     return manager
 
 
+def openai_inprocess_manager(engine: Any, config: ManagerConfig) -> ProxyEnvManager:
+    """proxy-http's manager whose openai clients reach the server's handler in-process."""
+    return in_process(manager_for("proxy-http", engine, config))
+
+
+# -- GymRunner's turns through the Responses API and through streamed chat completions ------------
+
+
+class ResponsesGymRunner(GymRunner):
+    """GymRunner calling ``client.responses.create``: its conversation as the ``input`` items, the
+    same sampling settings (``max_output_tokens``), the reply's ``output_text`` as its answer."""
+
+    async def complete(self, messages: list[dict[str, Any]], extra: dict[str, Any]) -> Any:
+        response = await self.client.responses.create(
+            model=self.model, input=messages, max_output_tokens=self.max_tokens, temperature=self.temperature,
+            top_p=self.top_p, extra_body=self.extra_body, **extra,
+        )
+        return types.SimpleNamespace(content=response.output_text, tool_calls=None)
+
+
+class StreamingGymRunner(GymRunner):
+    """GymRunner calling ``client.chat.completions.create(stream=True)``, joining the content deltas."""
+
+    async def complete(self, messages: list[dict[str, Any]], extra: dict[str, Any]) -> Any:
+        stream = await self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature,
+            top_p=self.top_p, extra_body=self.extra_body, stream=True, **extra,
+        )
+        parts = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        return types.SimpleNamespace(content="".join(parts), tool_calls=None)
+
+
+def agent_manager(runner_cls: type, transport: str, engine: Any, config: ManagerConfig) -> ProxyEnvManager:
+    """proxy-http's manager (the "traj" tracker) playing ``runner_cls``: over loopback HTTP
+    (``transport="http"``), or with its openai clients in-process (``"inproc"``, as proxy-openai-inproc)."""
+    manager = ProxyEnvManager(engine, config, runner_for=bind_runner(gym_runner, runner_cls=runner_cls),
+                              transport="http", tracker_mode="traj")
+    return in_process(manager) if transport == "inproc" else manager
+
+
+AGENT_ROWS = {  # name -> (runner, transport)
+    "proxy-responses-inproc": (ResponsesGymRunner, "inproc"), "proxy-responses-http": (ResponsesGymRunner, "http"),
+    "proxy-stream-inproc": (StreamingGymRunner, "inproc"), "proxy-stream-http": (StreamingGymRunner, "http"),
+}
+
 # name -> factory(engine, config) -> EnvManager (or an async context manager yielding one); the
-# proxy rows run GymRunner agents: the same episodes as "traj", through InProcessClient / openai / HTTP
+# proxy rows run GymRunner agents: the same episodes as "traj", through InProcessClient / openai / HTTP,
+# the last four through the Responses API or streamed chat completions
 MANAGERS: dict[str, Callable[[Any, ManagerConfig], Any]] = {
-    name: functools.partial(manager_for, name) if name in MANAGER_MODES else openai_inprocess_manager
-    for name in ("traj", "step", "proxy-inprocess", "proxy-openai-inproc", "proxy-http")
+    **{name: functools.partial(manager_for, name) for name in ("traj", "step", "proxy-inprocess")},
+    "proxy-openai-inproc": openai_inprocess_manager,
+    "proxy-http": functools.partial(manager_for, "proxy-http"),
+    **{name: functools.partial(agent_manager, *row) for name, row in AGENT_ROWS.items()},
 }
 
 
@@ -163,11 +225,33 @@ class Timers:
 
         return timed
 
+    def wrap_iter(self, fn: Callable, category: str) -> Callable:
+        """`fn` returning an async iterator (a stream's ``__aiter__``), each step of it timed, the
+        consumer's code between the steps not."""
+
+        @functools.wraps(fn)
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            steps = fn(*args, **kwargs).__aiter__()
+            while True:
+                pushed = self.enter(category, False)
+                try:
+                    item = await steps.__anext__()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    if pushed:
+                        self.exit(False)
+                yield item
+
+        return timed
+
 
 @contextlib.contextmanager
 def instrumented(timers: Timers, engine: Any, manager: Any):
     """Patch timers into the classes and instances a rollout goes through; undo on exit."""
     import openai.resources.chat.completions as oa
+    import openai.resources.responses as oa_responses
+    from openai import AsyncStream
 
     from arl.agents import gym_runner
     from arl.envs.text import TextEnv
@@ -181,7 +265,9 @@ def instrumented(timers: Timers, engine: Any, manager: Any):
         (MessageTracker, "prepare", "tracker", False), (MessageTracker, "commit", "tracker", False),
         (MessageTracker, "traj_samples", "tracker", False), (MessageTracker, "step_samples", "tracker", False),
         (oa.AsyncCompletions, "create", "http/json", False), (client_mod._Completions, "create", "http/json", False),
+        (oa_responses.AsyncResponses, "create", "http/json", False),
         (ProxyServer, "dispatch", "http/json", False), (handler_mod, "make_completion", "http/json", False),
+        (AsyncStream, "__aiter__", "http/json", False),  # a streamed reply's events, parsed as the agent reads them
         (gym_runner._GameRunner, "run_job", "agent code", False),
         (EnvManager, "run_episode", "manager code", False), (ProxyEnvManager, "run_episode", "manager code", False),
         (handler_mod.ChatHandler, "__call__", "manager code", False),
@@ -196,7 +282,9 @@ def instrumented(timers: Timers, engine: Any, manager: Any):
         for owner, name, category, opaque in patches:
             original = owner.__dict__[name] if name in vars(owner) else getattr(owner, name)
             saved.append((owner, name, original, name in vars(owner)))
-            setattr(owner, name, timers.wrap(original, category, opaque))
+            wrapped = timers.wrap_iter(original, category) if name == "__aiter__" else timers.wrap(
+                original, category, opaque)
+            setattr(owner, name, wrapped)
         for owner, name, category, opaque in instance_patches:
             saved.append((owner, name, None, False))
             setattr(owner, name, timers.wrap(getattr(owner, name), category, opaque))

@@ -35,7 +35,9 @@ def _run(script: str, tmp_path: Path, *args: str, timeout: float = 240, env: dic
 def test_overhead_quick(tmp_path):
     result = _run("overhead.py", tmp_path)
     managers = {row["manager"] for row in result["rows"]}
-    assert managers == {"traj", "step", "proxy-inprocess", "proxy-openai-inproc", "proxy-http"}
+    assert managers == {"traj", "step", "proxy-inprocess", "proxy-openai-inproc", "proxy-http", "proxy-responses-inproc",
+                        "proxy-responses-http", "proxy-stream-inproc", "proxy-stream-http"}
+    assert len({(row["turns"], row["samples"]) for row in result["rows"] if row["manager"].startswith("proxy-")}) == 1
     for row in result["rows"]:
         assert row["us_per_turn"]["median"] > 0 and row["turns"] > 0
     for b in result["breakdown"]:  # the parts add up to the instrumented total
@@ -43,6 +45,31 @@ def test_overhead_quick(tmp_path):
                                    "manager code", "scheduling"))
         assert parts == pytest.approx(b["total"], rel=0.05)
     assert result["fixed"][0]["us_per_turn"]["median"] > 0  # the physical floor
+
+
+@pytest.mark.anyio
+async def test_overhead_responses_and_stream_rows_play_the_same_episodes():
+    """The Responses-API and streaming agents of benchmarks/overhead.py give proxy-http's samples,
+    token for token: their rows time the same episodes."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import overhead
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from arl.engine import make_engine
+    from arl.rollout import GroupScheduler
+
+    names = ["proxy-http", "proxy-openai-inproc", *overhead.AGENT_ROWS]
+    specs = GroupScheduler(overhead.ENV_ID, num_groups=1, group_size=2).specs(0)
+    played = {}
+    async with make_engine(backend="scripted", model="tiny", scripted={"invalid_rate": 0.2}) as engine:
+        for name in names:
+            async with overhead._entered(overhead.MANAGERS[name](engine, overhead._config())) as manager:
+                batch = await GroupScheduler(overhead.ENV_ID, num_groups=1, group_size=2).run(manager, specs)
+            assert batch.metrics["rollout/abnormal_rate"] == 0, name
+            played[name] = [(s.input_ids, s.response_mask, s.old_logprobs, s.score) for s in batch.samples]
+    assert played["proxy-http"] and all(played[n] == played["proxy-http"] for n in names), \
+        [n for n in names if played[n] != played["proxy-http"]]
 
 
 def test_peers_quick_without_peer_venv(tmp_path):

@@ -48,7 +48,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def _model_failure(exc: Exception) -> _Stop:
-    """Classify an exception raised by ``client.chat.completions.create``."""
+    """Classify an exception raised by the model call (`_GameRunner.complete`)."""
     status = getattr(exc, "status_code", None)
     code = getattr(exc, "code", None)
     if code == "context_length_exceeded":
@@ -111,6 +111,17 @@ class _GameRunner(AgentRunner):
         """Whether `next_messages` returns a whole new prompt instead of messages to append."""
         return False
 
+    async def complete(self, messages: list[dict[str, Any]], extra: dict[str, Any]) -> Any:
+        """One model call: the reply message (``.content``, ``.tool_calls``) to ``messages``, with the
+        runner's sampling settings and ``extra`` (`request_kwargs`). A subclass may reach the model
+        another way (the Responses API, a stream: benchmarks/overhead.py); what it raises ends the
+        episode as a failed model call."""
+        response = await self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=self.max_tokens,
+            temperature=self.temperature, top_p=self.top_p, extra_body=self.extra_body, **extra,
+        )
+        return response.choices[0].message
+
     def record_step(self, state: str, assistant: dict[str, Any], info: dict[str, Any], reward: float) -> None:
         """Called after every env step (the state the action was taken in, the reply, the env's
         info and reward); runners that build their prompts from the history keep it here."""
@@ -148,11 +159,7 @@ class _GameRunner(AgentRunner):
             terminated = False
             for turn in range(1, limit + 1):
                 try:
-                    response = await self.client.chat.completions.create(
-                        model=self.model, messages=messages, max_tokens=self.max_tokens,
-                        temperature=self.temperature, top_p=self.top_p, extra_body=self.extra_body, **extra,
-                    )
-                    reply = response.choices[0].message
+                    reply = await self.complete(messages, extra)
                 except Exception as exc:  # noqa: BLE001 -- a failed model call ends the episode as data
                     raise _model_failure(exc) from exc
                 assistant = self.assistant_message(reply)
