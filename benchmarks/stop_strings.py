@@ -1,7 +1,7 @@
 """Stop strings on vLLM: matched by vLLM as tokens arrive (the request detokenized) or after the
 generation by arl (`arl.engine.stops.stop_cut` on undetokenized output). What each costs.
 
-    .venv/bin/python benchmarks/stop_strings.py           # full size (~2 min on 2 cores, tiny model)
+    .venv/bin/python benchmarks/stop_strings.py           # full size (~2 min on 2 cores, tiny model, 15 repeats)
     .venv/bin/python benchmarks/stop_strings.py --quick   # CI smoke size
 
 One in-process vLLM engine on ``--model``; batches of ``c`` concurrent requests of ``--tokens``
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--stop-at", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="smoke size")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
