@@ -1,6 +1,6 @@
 """Env-manager overhead: framework cost per agent turn with an (almost) free scripted engine.
 
-    .venv/bin/python benchmarks/overhead.py                  # every manager, full size (~9 min on 2 cores, estimated)
+    .venv/bin/python benchmarks/overhead.py                  # every manager, full size (6 min on 2 idle cores, 2026-12-04)
     .venv/bin/python benchmarks/overhead.py --quick          # CI smoke size (~25 s)
     .venv/bin/python benchmarks/overhead.py --managers traj proxy-inprocess --concurrency 1 16 128
 
