@@ -18,6 +18,7 @@ from arl.engine.base import (
     EngineError,
     EngineUnsupportedError,
     Generation,
+    InvalidConstraintError,
     InvalidPromptError,
     LoRAAdapter,
     OutputConstraint,
@@ -67,5 +68,5 @@ def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEng
 
 __all__ = [
     "BaseEngine", "Engine", "EngineClosedError", "EngineError", "EngineUnsupportedError",
-    "Generation", "InvalidPromptError", "LoRAAdapter", "OutputConstraint", "PromptTooLongError", "SamplingParams", "make_engine",
+    "Generation", "InvalidConstraintError", "InvalidPromptError", "LoRAAdapter", "OutputConstraint", "PromptTooLongError", "SamplingParams", "make_engine",
 ]

@@ -38,6 +38,11 @@ class PromptTooLongError(InvalidPromptError):
     """prompt_len + 1 exceeds the model's context: not even one token can be generated."""
 
 
+class InvalidConstraintError(EngineError, ValueError):
+    """The request's `OutputConstraint` cannot be compiled (a malformed JSON schema, a broken
+    structural tag): the request is refused before anything is generated; the engine serves on."""
+
+
 class EngineClosedError(EngineError):
     """generate()/update_weights() after close()."""
 
@@ -209,10 +214,12 @@ class BaseEngine(abc.ABC):
         """Sample `params.n` completions of `prompt_ids`; one Generation when n == 1, else a list."""
         params = params or SamplingParams()
         self._check_open()
-        if params.constraint is not None and not self.supports_constraints:
-            raise EngineUnsupportedError(
-                f"the {self.name} engine has no constrained decoding: it cannot enforce a "
-                f"{params.constraint.kind} constraint (the vllm backends can)")
+        if params.constraint is not None:
+            if not self.supports_constraints:
+                raise EngineUnsupportedError(
+                    f"the {self.name} engine has no constrained decoding: it cannot enforce a "
+                    f"{params.constraint.kind} constraint (the vllm backends can)")
+            self.check_constraint(params)
         prompt = self.validate_prompt(prompt_ids)
         gens = await self._generate_n(prompt, params)
         if params.stop and not self.native_stop_strings:
@@ -308,6 +315,21 @@ class BaseEngine(abc.ABC):
         if not params.ignore_eos and self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return ids
+
+    def check_constraint(self, params: SamplingParams) -> None:
+        """Compile ``params.constraint`` with xgrammar, the grammar engine vLLM uses (cached per
+        constraint), so a malformed one is an `InvalidConstraintError` before the request reaches
+        the backend (vLLM's own refusal would read as an invalid prompt)."""
+        from arl.engine.grammar import compile_constraint
+
+        assert params.constraint is not None
+        try:
+            compile_constraint(self.tokenizer, self.vocab_size, params.constraint, self.stop_ids(params))
+        except EngineUnsupportedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- xgrammar raises RuntimeError / ValueError / its own types
+            raise InvalidConstraintError(
+                f"the {params.constraint.kind} constraint does not compile: {str(exc)[:300]}") from exc
 
     def _cut_at_stop(self, gen: Generation, stops: tuple[str, ...]) -> Generation:
         """``gen`` ended where a backend that stops on text would have ended it (`arl.engine.stops`)."""

@@ -34,7 +34,7 @@ def _compiler(tokenizer: Any, vocab_size: int, stop_ids: tuple[int, ...]) -> Any
     except ImportError as exc:
         raise EngineUnsupportedError("checking an output constraint needs xgrammar (installed with vLLM)") from exc
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_ids))
-    return xgr.GrammarCompiler(info)
+    return xgr.GrammarCompiler(info, max_threads=2, cache_limit_bytes=64 * 2**20)  # bounded: agents send many schemas
 
 
 def compile_constraint(tokenizer: Any, vocab_size: int, constraint: OutputConstraint,

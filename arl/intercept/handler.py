@@ -37,7 +37,9 @@ policy is not masked, so on such tokens the PPO ratio p_new / p_old starts below
 mask removed probability (no behaviour-policy correction is made for it); the loss mask is the
 usual one (every sampled token trained). ``stats["constrained_calls"]`` counts these calls. An
 engine without constrained decoding (``supports_constraints`` false: the HF backend) gets no
-such request: it is refused with a 400 naming the field.
+such request: it is refused with a 400 naming the field. A constraint that does not compile (a
+malformed schema: `InvalidConstraintError`) is a 400 too, code ``invalid_constraint``; the
+episode goes on.
 
 ``stats`` counts those cuts (``stop_cuts``) and the request fields accepted but not acted on
 (``noop_fields``, ``unknown_fields``: see `arl.intercept.protocol`); each such field name is
@@ -61,7 +63,13 @@ from typing import Any
 
 import attrs
 
-from arl.engine.base import Generation, InvalidPromptError, PromptTooLongError, SamplingParams
+from arl.engine.base import (
+    Generation,
+    InvalidConstraintError,
+    InvalidPromptError,
+    PromptTooLongError,
+    SamplingParams,
+)
 from arl.engine.stops import first_prefix, stop_cut
 from arl.intercept.protocol import (
     BadRequest,
@@ -186,6 +194,9 @@ class ChatHandler:
         )
         try:
             gen = await self._generate(prompt.prompt_ids, params)
+        except InvalidConstraintError as exc:  # the agent's schema: its request is refused, the episode goes on
+            field = "response_format" if request.response_format is not None else "tool_choice"
+            raise BadRequest(f"{field}: {exc}", code="invalid_constraint", param=field) from exc
         except PromptTooLongError as exc:
             self.fault = ("Finished", "max_length", str(exc))
             raise ContextLengthExceeded(str(exc)) from exc

@@ -179,6 +179,32 @@ async def test_a_forced_tool_call_in_the_canonical_form_is_parsed(tiny_tokenizer
     assert out.choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize("fields", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "wibble"}}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"$ref": "#/nope"}}}},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wibble"}}}],
+     "tool_choice": "required"},
+])
+async def test_a_constraint_that_does_not_compile_is_a_400_and_the_episode_goes_on(tiny_tokenizer, fields):
+    pytest.importorskip("xgrammar")
+    ep = Episode(tiny_tokenizer, ['{"answer": 1}', "fine"])
+    with pytest.raises(openai.BadRequestError, match="does not compile") as info:
+        await ep.client.chat.completions.create(model="m", messages=MESSAGES, **fields)
+    assert info.value.body["code"] == "invalid_constraint" and ep.engine.requests == 0
+    assert info.value.body["param"] == ("tool_choice" if "tools" in fields else "response_format")
+    out = await ep.client.chat.completions.create(model="m", messages=MESSAGES)
+    assert out.choices[0].message.content == '{"answer": 1}' and ep.handler.fault is None
+
+
+async def test_vllm_refuses_a_schema_that_does_not_compile_and_serves_on(vllm_engine, tiny_tokenizer):
+    client = InProcessClient(ChatHandler(vllm_engine, MessageTracker(tiny_tokenizer)), "e")
+    bad = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "wibble"}}}
+    with pytest.raises(openai.BadRequestError, match="does not compile"):
+        await client.chat.completions.create(model="m", messages=MESSAGES, response_format=bad, max_tokens=8)
+    out = await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, seed=0)
+    assert out.choices[0].message.content is not None
+
+
 # -- vLLM enforces them while sampling ------------------------------------------------------------
 
 
