@@ -336,7 +336,11 @@ async def test_event_loop_never_waits_for_a_real_step(vllm_engine):
         gc.enable()
     assert [len(g.token_ids) for g in gens] == [300] * 4 + [8] * 30
     longest = sorted(steps)[-3:]
-    assert ticker.max_gap < MAX_LOOP_GAP_S, (
+    # Relative to this run's own steps, not a fixed number of ms: on a loaded machine both the
+    # steps and the loop's pauses (GIL, scheduler) grow, but a loop that waits for a step pauses
+    # for about a whole one (the old facade: 90-190 ms gaps beside ~100 ms steps), a healthy one
+    # for a small part of it (8 ms beside a 364 ms longest step on a 2-core EPYC, 2026-12-05).
+    assert ticker.max_gap < longest[-1] / 4, (
         f"loop stalled {ticker.max_gap * 1e3:.0f} ms; longest steps {[round(s * 1e3) for s in longest]} ms"
     )
     print(f"max loop gap {ticker.max_gap * 1e3:.1f} ms over {len(ticker.gaps)} ticks; "
