@@ -281,6 +281,8 @@ def parse_responses_request(body: Any, store: ResponseStore | None = None) -> Re
             raise _fail("text.format must be an object {'type': 'text' | 'json_object' | 'json_schema'}", "text")
         response_format = {"type": fmt.get("type")}
         if fmt.get("type") == "json_schema":  # Responses flattens what chat nests under "json_schema"
+            if not isinstance(fmt.get("name"), str):  # chat's message would name its nested field
+                raise _fail("text.format of type json_schema needs a string 'name' beside its 'schema'", "text")
             response_format["json_schema"] = {k: v for k, v in fmt.items() if k != "type"}
     if get("reasoning") is not None:
         noop.append("reasoning")

@@ -261,7 +261,7 @@ def test_input_items_become_chat_messages():
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
-    ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text", "text.format.json_schema"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text", "needs a string 'name'"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text", "'json_schema'"),
     ({"input": "x", "tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"input": "x", "tools": RESPONSE_TOOLS, "tool_choice": {"type": "function", "name": "jump"}}, "tool_choice",
