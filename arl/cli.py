@@ -8,7 +8,7 @@
     arl configs                               the packaged configs and the command that runs each
     arl bench NAME [ARGS...]                  run benchmarks/NAME.py of the checkout (e.g. overhead --quick)
     arl plan MODEL... [--gpu-gb 24 80 141]    GPU memory each training setting needs, and where it fits
-    arl doctor MODEL [--json]                 does MODEL's chat template render what each rollout mode feeds it?
+    arl doctor MODEL [--mode M] [--no-tools]  does MODEL's chat template render what each rollout mode feeds it?
 """
 
 from __future__ import annotations
@@ -203,7 +203,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    """The chat-template report of MODEL's tokenizer; exit 1 when some rollout setting is not exact."""
+    """The chat-template report of MODEL's tokenizer; exit 1 when a setting asked about (--mode,
+    --no-tools) is not exact."""
     import json
 
     from transformers import AutoTokenizer
@@ -220,7 +221,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         print("arl doctor: --template-kwargs must be a JSON object", file=sys.stderr)
         return 2
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model))
-    report = diagnose(tokenizer, tools=args.tools, chat_template_kwargs=kwargs)
+    report = diagnose(tokenizer, tools=args.tools, chat_template_kwargs=kwargs).select(args.mode)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
     return 0 if report.exact else 1
 
@@ -337,12 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script, e.g. --quick")
     p.set_defaults(func=_cmd_bench)
 
-    p = sub.add_parser("doctor", help="check MODEL's chat template against each rollout mode (exit 1: some is not "
-                                      "token-exact)")
+    p = sub.add_parser("doctor", help="check MODEL's chat template against each rollout mode, proxy with a text "
+                                      "and a tool agent (exit 1: one asked about is not token-exact)")
     p.add_argument("model", help="zoo name (tiny, smollm2-135m), local HF directory or a run checkpoint")
     p.add_argument("--json", action="store_true", help="the report as JSON")
+    p.add_argument("--mode", choices=("traj", "step", "proxy"), default=None,
+                   help="only the verdicts of this rollout mode (default: all)")
     p.add_argument("--no-tools", dest="tools", action="store_false",
-                   help="check the proxy settings on a conversation without tool calls (text agents)")
+                   help="only text agents through the proxy (no tools, no tool calls), not tool agents")
     p.add_argument("--template-kwargs", default=None, help='chat template kwargs as JSON, e.g. \'{"enable_thinking": false}\'')
     p.set_defaults(func=_cmd_doctor)
 

@@ -12,7 +12,7 @@ trained in the contexts it gets when it is served through its chat template.
 (system, user, an assistant with a tool call, its tool result, an assistant with two parallel
 calls and their two results, then user / assistant turns; every assistant turn holds a
 ``<think>`` block) and on its text-game part (the same without tool calls: what
-`TrajEnvManager` and `GymRunner` play). It reports:
+`TrajEnvManager` and a text agent such as `GymRunner` play). It reports:
 
 - **prefix stability**: at every assistant turn, is the rendering of the conversation up to the
   generation prompt a token prefix of its rendering with that turn, and is the rendering with
@@ -30,15 +30,19 @@ calls and their two results, then user / assistant turns; every assistant turn h
     text-game conversation;
   - ``step`` (`StepEnvManager`): a fresh templated prompt per turn, exact unless the template
     has no generation prompt that extends the conversation;
-  - ``proxy-traj`` / ``proxy-step`` (`ProxyEnvManager`'s ``tracker_mode``): a `MessageTracker`
-    fed the agent conversation request by request (tool calls included when ``tools=True``):
-    every request's prompt, and the branch's sample.
+  - ``proxy-traj`` / ``proxy-step`` (`ProxyEnvManager`'s ``tracker_mode``) with a **text agent**,
+    one that never sends tools nor gets tool calls back (`GymRunner`): a `MessageTracker` fed the
+    text game request by request: every request's prompt, and the branch's sample;
+  - ``proxy-traj+tools`` / ``proxy-step+tools``: the same with a **tool agent** (`ToolCallRunner`,
+    the bug-fix agent), fed the agent conversation with its tool calls and the tools list. A
+    template that drops tool calls (SmolLM2's) or cannot render them is exact for text agents only.
 
   The engine's tokens for an assistant turn are the template's own rendering of that turn as the
   last message (what a model following its template emits), up to its end-of-turn.
 
 `check_setting` raises `TemplateDriftError` for a setting that is not exact for the tokenizer: the
-trainer's start-up check (`arl.rollout.factory.check_rollout` picks the setting of the rollout). Everything is tokenizer-only and cached
+trainer's start-up check (`arl.rollout.factory.check_rollout` picks the setting the run needs:
+its mode, tracker mode and whether its agent uses tools). Everything is tokenizer-only and cached
 per tokenizer; the report renders as text (`TemplateReport.format`), which only the CLI prints.
 """
 
@@ -54,14 +58,19 @@ import attrs
 from arl.intercept.template import _DUMMY, _render, _template, _turn_end, bridge_ids, chat_ids
 from arl.intercept.tracker import MessageTracker
 
-SETTINGS = ("traj", "step", "proxy-traj", "proxy-step")
+# arl's own managers (text games); the proxy's tracker modes with a text agent (one that never
+# sends tools and never gets tool calls back: GymRunner); the same with a tool agent ("+tools").
+SETTINGS = ("traj", "step", "proxy-traj", "proxy-step", "proxy-traj+tools", "proxy-step+tools")
 # How a config selects each setting (for messages that say what to change).
 SETTING_CONFIG = {
     "traj": "rollout.mode=traj",
     "step": "rollout.mode=step",
-    "proxy-traj": "rollout.mode=proxy rollout.proxy.tracker_mode=traj",
-    "proxy-step": "rollout.mode=proxy rollout.proxy.tracker_mode=step",
+    "proxy-traj": "rollout.mode=proxy rollout.proxy.tracker_mode=traj with a text agent",
+    "proxy-step": "rollout.mode=proxy rollout.proxy.tracker_mode=step with a text agent",
+    "proxy-traj+tools": "rollout.mode=proxy rollout.proxy.tracker_mode=traj with a tool agent",
+    "proxy-step+tools": "rollout.mode=proxy rollout.proxy.tracker_mode=step with a tool agent",
 }
+TEXT_AGENT_CONFIG = "rollout.proxy.tools=false"  # declares an agent program a text agent (factory.agent_tools)
 
 TOOLS = (
     {"type": "function", "function": {
@@ -133,13 +142,30 @@ class Verdict:
     exact: bool
     reason: str = ""
 
+    @property
+    def mode(self) -> str:
+        """The ``rollout.mode`` of the setting: traj, step or proxy."""
+        return self.setting.split("-", 1)[0]
+
+    @property
+    def label(self) -> str:
+        """The report's row name: the setting, and for proxy which agent.
+
+        >>> Verdict("proxy-step+tools", False).label, Verdict("traj", True).label
+        ('proxy-step  tool agent', 'traj')
+        """
+        if self.mode != "proxy":
+            return self.setting
+        return f"{self.setting.removesuffix('+tools'):<11} " + ("tool agent" if self.setting.endswith("+tools")
+                                                                else "text agent")
+
 
 @attrs.frozen
 class TemplateReport:
     """What `diagnose` found for one tokenizer (see the module docstring). Text: `format()`."""
 
     model: str
-    tools: bool  # whether the agent conversation had tool calls
+    tools: bool  # whether tool agents were checked (the "+tools" verdicts)
     chat_template_kwargs: Kwargs
     conversation: tuple[str, ...]  # role of each message of the agent conversation checked
     generation_prompt: str
@@ -159,7 +185,7 @@ class TemplateReport:
 
     @property
     def exact(self) -> bool:
-        """Every setting token-exact."""
+        """Every setting checked token-exact."""
         return all(v.exact for v in self.verdicts)
 
     def verdict(self, setting: str) -> Verdict:
@@ -170,6 +196,15 @@ class TemplateReport:
 
     def exact_settings(self) -> list[str]:
         return [v.setting for v in self.verdicts if v.exact]
+
+    def select(self, mode: str | None = None) -> TemplateReport:
+        """The report with only the verdicts of rollout ``mode`` (traj, step, proxy; None: all):
+        what `exact`, `format` and `to_dict` then judge."""
+        if mode is None:
+            return self
+        if mode not in ("traj", "step", "proxy"):
+            raise ValueError(f"unknown rollout mode {mode!r}; known: traj, step, proxy")
+        return attrs.evolve(self, verdicts=tuple(v for v in self.verdicts if v.mode == mode))
 
     def to_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self)
@@ -189,11 +224,12 @@ class TemplateReport:
         gen_think = {"": "", "empty": " (an empty think block)", "open": " (opens a think block)"}
         if not self.rendered:
             return "\n".join([f"chat template of {self.model}{kwargs}: not checked",
-                              *(f"  {v.setting:<11} NOT exact" for v in self.verdicts), f"note: {self.notes[0]}"])
+                              *(f"  {v.label:<23} NOT exact" for v in self.verdicts), f"note: {self.notes[0]}"])
+        with_calls = any(r.endswith("+tool_calls") for r in self.conversation)
         lines = [
             f"chat template of {self.model}{kwargs}",
-            f"  conversation checked: {conv}" + (f"; tools: {len(TOOLS)} function" if self.tools else ""),
-            f"  traj checked on the text game: {game}",
+            f"  conversation checked: {conv}" + (f"; tools: {len(TOOLS)} function" if with_calls else ""),
+            f"  text game (traj, proxy text agent): {game}",
             f"  generation prompt   {_lit(self.generation_prompt)}{gen_think[self.generation_prompt_think]}",
             f"  end of turn         {_lit(self.end_of_turn)}   separator {_lit(self.separator)}",
             f"  bridge + user       {_lit(self.bridge_user, 120)}",
@@ -214,9 +250,10 @@ class TemplateReport:
                     f"messages[{b.message}] ({self.conversation[b.message]})")
                 lines.append(f"    {b.kind} of messages[{b.turn}]: {where} changes at token {b.token}: "
                              f"was {b.was}, now {b.now}")
-        lines.append("verdict (token-exact: every prompt and sample is the template's rendering of its messages)")
+        lines.append("verdict (token-exact: every prompt and sample is the template's rendering of its messages; "
+                     "a text agent never sends tools nor gets tool calls back, a tool agent does)")
         for v in self.verdicts:
-            lines.append(f"  {v.setting:<11} " + ("exact" if v.exact else f"NOT exact: {v.reason}"))
+            lines.append(f"  {v.label:<23} " + ("exact" if v.exact else f"NOT exact: {v.reason}"))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -243,8 +280,8 @@ def _lit(text: str | None, width: int = 90) -> str:
 def diagnose(tokenizer: Any, *, tools: bool = True, chat_template_kwargs: dict[str, Any] | None = None) -> TemplateReport:
     """The chat-template report of `tokenizer` (see the module docstring), cached per tokenizer.
 
-    ``tools=False`` checks the proxy settings on the text-game conversation (no tool calls: what
-    arl's `GymRunner` sends) instead of the agent conversation. ``chat_template_kwargs`` go to
+    The verdicts cover every setting of `SETTINGS`; ``tools=False`` leaves out the tool agents
+    (``+tools``), and the findings are then those of the text game. ``chat_template_kwargs`` go to
     every rendering (e.g. ``{"enable_thinking": False}``); arl's traj and step managers pass none.
     A template that fails on some conversation is reported (``notes``, the verdicts' reasons),
     never raised. Cached per tokenizer object, like template.py's probe: a chat template changed
@@ -318,7 +355,6 @@ class _Checker:
         self.tok = tokenizer
         self.kwargs = kwargs
         self.kw = dict(kwargs) or None
-        self.think_stripped: tuple[int, ...] = ()
         self.tool_calls_rendered: bool | None = None
         eot, sep = _turn_end(tokenizer, "[]", kwargs)
         self.eot, self.sep = list(eot), list(sep)
@@ -344,9 +380,9 @@ class _Checker:
         return list(self.tok.encode(body, add_special_tokens=False)) + self.eot
 
     def mismatch(self, what: str, ours: Sequence[int], want: Sequence[int], conv: Sequence[dict[str, Any]],
-                 prefix: bool = False) -> str | None:
-        """None when `ours` is the template's `want`, else one line: where and which tokens differ,
-        and the cause when a finding explains it."""
+                 prefix: bool = False, tools: Any = None) -> str | None:
+        """None when `ours` is the template's `want` (of `conv` with `tools`), else one line: where
+        and which tokens differ, and the cause when a finding explains it."""
         i = _first_diff(ours, want, prefix)
         if i is None:
             return None
@@ -355,7 +391,11 @@ class _Checker:
         cause = ""
         if m < len(conv):
             msg = conv[m]
-            if m in self.think_stripped:
+            try:  # the finding, for this conversation (the report's is the agent conversation's)
+                stripped = self.stripped(conv, tools)
+            except Exception:  # noqa: BLE001 -- already in the notes
+                stripped = ()
+            if m in stripped:
                 cause = " (the template drops <think> blocks of earlier turns)"
             elif msg["role"] == "tool" and m > 0 and conv[m - 1]["role"] == "tool":
                 cause = " (the template merges consecutive tool messages into one turn)"
@@ -442,9 +482,9 @@ class _Checker:
                 ids += bridge_ids(self.tok, conv[k + 1: turns[n + 1]], chat_template_kwargs=self.kw)
         return self.mismatch("text game: the episode's sample", ids + self.sep, self.ids(conv, False, None), conv)
 
-    def proxy(self, conv: Sequence[dict[str, Any]], tools: Any) -> tuple[str | None, str | None]:
+    def proxy(self, conv: Sequence[dict[str, Any]], tools: Any, where: str = "") -> tuple[str | None, str | None]:
         """A MessageTracker fed `conv` request by request: (why step samples, why the traj
-        sample is not the template's), None where it is."""
+        sample is not the template's), None where it is. `where`: the reasons' prefix."""
         tracker = MessageTracker(self.tok, chat_template_kwargs=self.kw)
         step: str | None = None
         for k, m in enumerate(conv):
@@ -453,19 +493,19 @@ class _Checker:
             try:
                 prompt = tracker.prepare(conv[:k], tools)
             except Exception as exc:  # noqa: BLE001 -- TemplateError and what a template raises
-                why = f"the tracker cannot tokenize messages[:{k}]: {exc}"
+                why = f"{where}the tracker cannot tokenize messages[:{k}]: {exc}"
                 return why, why
-            step = step or self.mismatch(f"the prompt of messages[{k}]", list(prompt.prompt_ids),
-                                         self.ids(conv[:k], True, tools), conv)
+            step = step or self.mismatch(f"{where}the prompt of messages[{k}]", list(prompt.prompt_ids),
+                                         self.ids(conv[:k], True, tools), conv, tools=tools)
             resp = self.response(conv, k, tools)
             tracker.commit(prompt, resp, [0.0] * len(resp), "stop", m)
         if step is not None:
             return step, step
         samples = tracker.traj_samples()
         if len(samples) != 1:  # the agent re-sends what the engine generated: one branch
-            return None, f"the episode forked into {len(samples)} branches"
-        return None, self.mismatch("the episode's sample", samples[0].input_ids + self.sep,
-                                   self.ids(conv, False, tools), conv)
+            return None, f"{where}the episode forked into {len(samples)} branches"
+        return None, self.mismatch(f"{where}the episode's sample", samples[0].input_ids + self.sep,
+                                   self.ids(conv, False, tools), conv, tools=tools)
 
 
 def _failed(exc: BaseException) -> str:
@@ -477,6 +517,7 @@ def _diagnose(tokenizer: Any, kwargs: Kwargs, tools: bool) -> TemplateReport:
     model = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
     notes: list[str] = []
     base = dict(model=model, tools=tools, chat_template_kwargs=kwargs)
+    settings = SETTINGS if tools else tuple(s for s in SETTINGS if not s.endswith("+tools"))
     try:
         tpl = _template(tokenizer, "[]", kwargs)
         check = _Checker(tokenizer, kwargs)
@@ -487,10 +528,11 @@ def _diagnose(tokenizer: Any, kwargs: Kwargs, tools: bool) -> TemplateReport:
             **base, conversation=tuple(_label(m) for m in GAME_CONVERSATION), generation_prompt="",  # type: ignore[arg-type]
             end_of_turn="", separator="", bridge_user=None, bridge_tool=None, default_system=None,
             think_stripped=(), empty_think_in_turns=False, generation_prompt_think="", tool_calls_rendered=None,
-            breaks=(), verdicts=tuple(Verdict(s, False, why) for s in SETTINGS), notes=(why,), rendered=False,
+            breaks=(), verdicts=tuple(Verdict(s, False, why) for s in settings), notes=(why,), rendered=False,
         )
 
-    # The agent conversation: parallel tool calls, else one call per turn, else none.
+    # The agent conversation: parallel tool calls, else one call per turn, else none (and the
+    # tool agents are exact nowhere).
     conv: Sequence[dict[str, Any]] = GAME_CONVERSATION
     tool_list: Any = None
     tool_error = None
@@ -505,7 +547,6 @@ def _diagnose(tokenizer: Any, kwargs: Kwargs, tools: bool) -> TemplateReport:
             break
         else:
             tool_error = notes[-1]
-            notes.append("the proxy settings were checked without tool calls")
 
     def attempt(fn: Any, *args: Any, failed: Any = None) -> Any:
         """fn(*args), or `failed` when the template raised (the error goes to the notes)."""
@@ -515,7 +556,7 @@ def _diagnose(tokenizer: Any, kwargs: Kwargs, tools: bool) -> TemplateReport:
             notes.append(f"{fn.__name__}: {_failed(exc)}")
             return failed
 
-    check.think_stripped = attempt(check.stripped, conv, tool_list) or ()
+    think_stripped = attempt(check.stripped, conv, tool_list) or ()
     check.tool_calls_rendered = attempt(check.renders_tool_calls, conv, tool_list)
     if check.tool_calls_rendered is False:
         # The engine's tokens hold the calls the agent's messages carry; the template's rendering
@@ -534,15 +575,20 @@ def _diagnose(tokenizer: Any, kwargs: Kwargs, tools: bool) -> TemplateReport:
     failed = "the check failed (see the notes)"
     traj_why = attempt(check.traj_manager, GAME_CONVERSATION, failed=failed) if step.exact else step.reason
     traj = Verdict("traj", traj_why is None and step.exact, traj_why or "")
-    if tool_error is not None:
-        proxy_step = proxy_traj = tool_error
-    else:
-        proxy_step, proxy_traj = attempt(check.proxy, conv, tool_list, failed=(failed, failed))
-    verdicts = (
+    # A text agent plays the text game through the proxy; a tool agent the agent conversation.
+    text_step, text_traj = attempt(check.proxy, GAME_CONVERSATION, None, "text game: ", failed=(failed, failed))
+    verdicts = [
         traj, step,
-        Verdict("proxy-traj", proxy_traj is None, proxy_traj or ""),
-        Verdict("proxy-step", proxy_step is None, proxy_step or ""),
-    )
+        Verdict("proxy-traj", text_traj is None, text_traj or ""),
+        Verdict("proxy-step", text_step is None, text_step or ""),
+    ]
+    if tools:
+        if tool_error is not None:
+            tool_step = tool_traj = tool_error
+        else:
+            tool_step, tool_traj = attempt(check.proxy, conv, tool_list, failed=(failed, failed))
+        verdicts += [Verdict("proxy-traj+tools", tool_traj is None, tool_traj or ""),
+                     Verdict("proxy-step+tools", tool_step is None, tool_step or "")]
     return TemplateReport(
         **base,  # type: ignore[arg-type]
         conversation=tuple(_label(m) for m in conv),
@@ -552,12 +598,12 @@ def _diagnose(tokenizer: Any, kwargs: Kwargs, tools: bool) -> TemplateReport:
         bridge_user=attempt(check.bridge, _BRIDGE_USER),
         bridge_tool=attempt(check.bridge, _BRIDGE_TOOL),
         default_system=attempt(check.default_system),
-        think_stripped=check.think_stripped,
+        think_stripped=think_stripped,
         empty_think_in_turns=bool(attempt(check.empty_think)),
         generation_prompt_think=gen_think,
         tool_calls_rendered=check.tool_calls_rendered,
         breaks=tuple(attempt(check.breaks, conv, tool_list) or ()),
-        verdicts=verdicts,
+        verdicts=tuple(verdicts),
         notes=tuple(notes),
     )
 
@@ -565,22 +611,27 @@ def _diagnose(tokenizer: Any, kwargs: Kwargs, tools: bool) -> TemplateReport:
 # -- the trainer's start-up check ----------------------------------------------------------------
 
 
-def check_setting(tokenizer: Any, setting: str, *, tools: bool = True,
-                  chat_template_kwargs: dict[str, Any] | None = None, model: str | None = None) -> TemplateReport:
+def check_setting(tokenizer: Any, setting: str, *, chat_template_kwargs: dict[str, Any] | None = None,
+                  model: str | None = None, agent: str = "") -> TemplateReport:
     """`diagnose`, then raise `TemplateDriftError` when ``setting`` (one of `SETTINGS`) is not
     token-exact for `tokenizer`; the message names the problem and the settings that are exact.
-    ``model``: the name the message uses (default: the tokenizer's path)."""
+    ``model``: the name the message uses (default: the tokenizer's path); ``agent``: how the
+    caller knows a proxy agent's kind, said after the setting (e.g. ``rollout.proxy.runner=tool``)."""
     if setting not in SETTINGS:
         raise ValueError(f"unknown setting {setting!r}; known: {', '.join(SETTINGS)}")
-    report = diagnose(tokenizer, tools=tools, chat_template_kwargs=chat_template_kwargs)
+    report = diagnose(tokenizer, tools=setting.endswith("+tools"), chat_template_kwargs=chat_template_kwargs)
     verdict = report.verdict(setting)
     if not verdict.exact:
         name = model or report.model
         exact = [SETTING_CONFIG[s] for s in report.exact_settings()]
+        text = setting.removesuffix("+tools")
+        hint = (f" A text agent (one that never sends tools nor gets tool calls back) is exact: if yours is one, "
+                f"say so with {TEXT_AGENT_CONFIG}." if text != setting and report.verdict(text).exact else "")
         raise TemplateDriftError(
-            f"{SETTING_CONFIG[setting]} is not token-exact with the chat template of {name}: {verdict.reason}. "
-            "It would train the policy on token streams this template never renders for the same messages. "
-            f"Exact with this template: {'; '.join(exact) or 'no setting'}. `arl doctor {name}` shows the report."
+            f"{SETTING_CONFIG[setting]}{f' ({agent})' if agent else ''} is not token-exact with the chat template "
+            f"of {name}: {verdict.reason}. It would train the policy on token streams this template never renders "
+            f"for the same messages. Exact with this template: {'; '.join(exact) or 'no setting'}.{hint} "
+            f"`arl doctor {name}` shows the report."
         )
     return report
 
@@ -590,6 +641,7 @@ __all__ = [
     "GAME_CONVERSATION",
     "SETTINGS",
     "SETTING_CONFIG",
+    "TEXT_AGENT_CONFIG",
     "Break",
     "TemplateDriftError",
     "TemplateReport",

@@ -19,14 +19,15 @@ is `ProxyEnvManager` running agent code, chosen by ``rollout.proxy.runner``:
   (sampling settings: validation runs get the evaluation temperature through it).
 
 The trainer, ``arl eval`` and the benchmarks all build their managers here; `check_rollout` maps a
-rollout to the chat-template setting `arl doctor` checks (the trainer's start-up check).
+rollout to the chat-template setting `arl doctor` checks (the trainer's start-up check), with a
+text or a tool agent for proxy mode (`agent_tools`: ``rollout.proxy.tools``, ``auto`` by runner).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from arl.config import MODES, ManagerConfig, RolloutConfig
+from arl.config import MODES, ManagerConfig, ProxyConfig, RolloutConfig
 from arl.intercept.doctor import TemplateReport, check_setting
 from arl.rollout.base import EnvManager
 from arl.rollout.fork import ForkEnvManager, check_forkable
@@ -85,38 +86,57 @@ async def close_manager(manager: Any) -> None:
         await aclose()
 
 
+def agent_tools(proxy: ProxyConfig) -> bool:
+    """Does the agent ``proxy`` runs send tools and get tool calls back (a tool agent), or not (a
+    text agent)? A chat template that drops tool calls (SmolLM2's) is token-exact for text agents only.
+
+    ``proxy.tools`` true or false says so. ``auto`` (the default): ``gym`` (also by import path,
+    without a ``runner_cls``) is a text agent; every other runner is a tool agent: ``tool``, the
+    bug-fix agent, and the agent programs (``push``, ``pull``) and import-path runners arl cannot
+    see into (declare a text one with ``tools: false``).
+    """
+    if proxy.tools != "auto":
+        return bool(proxy.tools)
+    return resolve_runner(proxy.runner) is not gym_runner or "runner_cls" in proxy.runner_kwargs
+
+
 def check_rollout(tokenizer: Any, rollout: Any, manager: Any = None, *, model: str | None = None) -> TemplateReport | None:
     """The trainer's start-up template check (`arl.intercept.doctor.check_setting`) for the rollout
-    that will run; raises `TemplateDriftError` when its setting is not token-exact.
+    that will run; raises `TemplateDriftError` when the setting it needs is not token-exact.
 
     With ``manager=None``, the one ``rollout`` (a `RolloutConfig`) configures: ``mode`` traj or
-    step, or proxy with ``proxy.tracker_mode``, checked with tool calls unless ``proxy.runner``
-    is ``gym`` (text actions). An injected manager is checked by what it is: arl's
-    `TrajEnvManager`, `StepEnvManager`, or `ProxyEnvManager` with its ``tracker_mode`` and
-    ``chat_template_kwargs`` (without tool calls: its agent is not known; `arl doctor` shows the
-    tool-calling verdict); any other manager is not checked (None).
+    step, or proxy with ``proxy.tracker_mode`` and a text or tool agent (`agent_tools`). An
+    injected manager is checked by what it is: arl's `TrajEnvManager`, `StepEnvManager`, or
+    `ProxyEnvManager` with its ``tracker_mode`` and ``chat_template_kwargs``, whose agent is not
+    known: a text agent unless ``rollout.proxy.tools`` is true; any other manager is not checked (None).
     """
-    kwargs = None
+    kwargs, agent = None, ""
     if manager is None:
         if rollout.mode == "proxy":
-            setting, tools = f"proxy-{rollout.proxy.tracker_mode}", rollout.proxy.runner != "gym"
+            p = rollout.proxy
+            setting = f"proxy-{p.tracker_mode}" + ("+tools" if agent_tools(p) else "")
+            agent = f"rollout.proxy.runner={p.runner}"
+            if p.tools != "auto":
+                agent += f" rollout.proxy.tools={str(p.tools).lower()}"
         else:
-            setting, tools = rollout.mode, False
+            setting = rollout.mode
+    elif isinstance(manager, ProxyEnvManager):
+        tools = getattr(getattr(rollout, "proxy", None), "tools", "auto") is True
+        setting = f"proxy-{manager.tracker_mode}" + ("+tools" if tools else "")
+        kwargs = manager.chat_template_kwargs
+        agent = "rollout.proxy.tools=true" if tools else ""
+    elif isinstance(manager, TrajEnvManager):
+        setting = "traj"
+    elif isinstance(manager, StepEnvManager):
+        setting = "step"
     else:
-        tools = False
-        if isinstance(manager, ProxyEnvManager):
-            setting, kwargs = f"proxy-{manager.tracker_mode}", manager.chat_template_kwargs
-        elif isinstance(manager, TrajEnvManager):
-            setting = "traj"
-        elif isinstance(manager, StepEnvManager):
-            setting = "step"
-        else:
-            return None
-    return check_setting(tokenizer, setting, tools=tools, chat_template_kwargs=kwargs, model=model)
+        return None
+    return check_setting(tokenizer, setting, chat_template_kwargs=kwargs, model=model, agent=agent)
 
 
 __all__ = [
     "RUNNERS",
+    "agent_tools",
     "check_rollout",
     "close_manager",
     "gym_runner",

@@ -115,6 +115,15 @@ LLAMA31 = (
 )
 LLAMA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
+# SmolLM2-135M-Instruct's template (its GGUF's, verbatim): ChatML, a default system prompt when
+# none is given, and only each message's content: assistant tool_calls are dropped.
+SMOLLM2 = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 
 def _with_template(tokenizer, template, special=()):
     tok = copy.deepcopy(tokenizer)
@@ -135,20 +144,25 @@ def qwen3(tiny_tokenizer):
 
 
 @pytest.fixture(scope="module")
+def smollm2_like(tiny_tokenizer):
+    return _with_template(tiny_tokenizer, SMOLLM2)
+
+
+@pytest.fixture(scope="module")
 def llama31(tiny_tokenizer):
     tok = _with_template(tiny_tokenizer, LLAMA31, LLAMA_SPECIAL)
     assert tok.convert_tokens_to_ids("<|eot_id|>") in tok.all_special_ids
     return tok
 
 
-def _train_config(tmp_path, mode: str):
+def _train_config(tmp_path, mode: str, *overrides: str):
     """A small FrozenLake run (as tests/train's `small_config`) in rollout ``mode``."""
     from arl.config import load_config
 
     return load_config(None, [
         f"out_dir={tmp_path}", "name=t", "steps=1", "tensorboard=false", f"rollout.mode={mode}",
         "rollout.num_groups=1", "rollout.group_size=2", "rollout.manager.max_tokens=8", "eval.num_seeds=2",
-        "eval.every=0", "eval.at_start=false", "engine.max_model_len=1024",
+        "eval.every=0", "eval.at_start=false", "engine.max_model_len=1024", *overrides,
     ])
 
 
@@ -177,7 +191,9 @@ def test_tiny_chatml_is_exact_in_every_setting(tiny_tokenizer):
     assert report.conversation[2] == "assistant+tool_calls" and report.conversation.count("tool") == 3
     assert diagnose(tiny_tokenizer) is report  # cached per tokenizer
     text = report.format()
-    assert "stable at all 5 assistant turns" in text and text.count(" exact") == 4
+    assert "stable at all 5 assistant turns" in text and text.count(" exact") == 6
+    assert [v.label for v in report.verdicts] == ["traj", "step", "proxy-traj  text agent", "proxy-step  text agent",
+                                                  "proxy-traj  tool agent", "proxy-step  tool agent"]
     assert json.loads(json.dumps(report.to_dict()))["exact"] is True
 
 
@@ -192,10 +208,27 @@ def test_smollm2_drops_tool_calls_and_injects_its_system_prompt():
     assert "You are a helpful AI assistant named SmolLM" in report.default_system
     assert report.tool_calls_rendered is False
     assert report.bridge_tool == "\n<|im_start|>tool\ntool result<|im_end|>\n<|im_start|>assistant\n"
-    assert _verdicts(report) == {"traj": True, "step": True, "proxy-traj": False, "proxy-step": False}
-    assert "drops assistant tool_calls" in report.verdict("proxy-step").reason
+    # the proxy is exact for text agents (GymRunner), not for tool agents
+    assert _verdicts(report) == {"traj": True, "step": True, "proxy-traj": True, "proxy-step": True,
+                                 "proxy-traj+tools": False, "proxy-step+tools": False}
+    assert "drops assistant tool_calls" in report.verdict("proxy-step+tools").reason
+    assert "proxy-step  tool agent  NOT exact: the template drops assistant tool_calls" in report.format()
     assert any("ignores the tools list" in n for n in report.notes)
-    assert diagnose(tok, tools=False).exact  # text agents (GymRunner) are exact
+    assert diagnose(tok, tools=False).exact
+
+
+def test_a_template_that_drops_tool_calls_is_exact_for_text_agents_not_for_tool_agents(smollm2_like):
+    report = diagnose(smollm2_like)
+    assert report.tool_calls_rendered is False
+    assert _verdicts(report) == {"traj": True, "step": True, "proxy-traj": True, "proxy-step": True,
+                                 "proxy-traj+tools": False, "proxy-step+tools": False}
+    assert "drops assistant tool_calls" in report.verdict("proxy-step+tools").reason
+    assert not report.exact  # a tool agent was asked about
+    text = report.format()
+    assert "proxy-traj  text agent  exact" in text and "proxy-step  text agent  exact" in text
+    assert "proxy-step  tool agent  NOT exact: the template drops assistant tool_calls" in text
+    assert diagnose(smollm2_like, tools=False).exact  # text agents only: every row exact
+    assert [v.setting for v in diagnose(smollm2_like, tools=False).verdicts] == list(doctor.SETTINGS[:4])
 
 
 def test_qwen25_injects_its_default_system_prompt_and_merges_tool_results(qwen25):
@@ -204,8 +237,9 @@ def test_qwen25_injects_its_default_system_prompt_and_merges_tool_results(qwen25
                                      "You are a helpful assistant.<|im_end|>\n")
     assert report.tool_calls_rendered and report.think_stripped == ()
     # traj conversations are text only: exact; the tracker tokenizes the two tool results apart
-    assert _verdicts(report) == {"traj": True, "step": True, "proxy-traj": False, "proxy-step": False}
-    reason = report.verdict("proxy-step").reason
+    assert _verdicts(report) == {"traj": True, "step": True, "proxy-traj": True, "proxy-step": True,
+                                 "proxy-traj+tools": False, "proxy-step+tools": False}
+    reason = report.verdict("proxy-step+tools").reason
     assert "messages[6] (tool)" in reason and "merges consecutive tool messages" in reason
     assert not report.breaks  # rendering with more messages keeps every earlier token
     assert diagnose(qwen25, tools=False).exact
@@ -218,8 +252,11 @@ def test_qwen3_strips_earlier_think_blocks(qwen3):
     assert report.empty_think_in_turns  # the last assistant turn always gets one
     assert report.default_system is None
     v = _verdicts(report)
-    assert v["step"] and not v["traj"] and not v["proxy-traj"] and not v["proxy-step"]
-    assert "drops <think> blocks of earlier turns" in report.verdict("traj").reason
+    assert v["step"] and not any(exact for setting, exact in v.items() if setting != "step")
+    for setting in ("traj", "proxy-traj", "proxy-step"):
+        assert "drops <think> blocks of earlier turns" in report.verdict(setting).reason
+    assert "merges consecutive tool messages" in report.verdict("proxy-step+tools").reason
+    assert report.verdict("proxy-traj").reason.startswith("text game: ")
     # the first break: the user at messages[8] strips every earlier turn's think block
     first = report.breaks[0]
     assert (first.turn, first.kind, first.message) == (7, "next prompt", 2)
@@ -251,7 +288,8 @@ def test_llama31_bridge_dates_and_tools_in_the_first_user_message(llama31):
     assert any("parallel tool calls" in n for n in report.notes)
     assert report.conversation.count("tool") == 1
     v = _verdicts(report)
-    assert v["traj"] and v["step"] and not v["proxy-step"] and not v["proxy-traj"]
+    assert v["traj"] and v["step"] and v["proxy-step"] and v["proxy-traj"]
+    assert not v["proxy-step+tools"] and not v["proxy-traj+tools"]
     assert diagnose(llama31, tools=False).exact
 
 
@@ -275,13 +313,15 @@ def test_a_template_without_end_of_turn_token_breaks_traj_not_step(tiny_tokenize
 
 def test_check_setting_names_the_problem_and_the_exact_settings(qwen3, tiny_tokenizer):
     with pytest.raises(TemplateDriftError, match="rollout.mode=traj is not token-exact") as info:
-        check_setting(qwen3, "traj", tools=False, model="qwen3-like")
+        check_setting(qwen3, "traj", model="qwen3-like")
     message = str(info.value)
     assert "<think>" in message and "Exact with this template: rollout.mode=step" in message
     assert "arl doctor qwen3-like" in message
     assert isinstance(info.value, ValueError)
     assert check_setting(qwen3, "step").verdict("step").exact
-    assert check_setting(tiny_tokenizer, "proxy-traj").exact
+    assert check_setting(tiny_tokenizer, "proxy-traj").exact and check_setting(tiny_tokenizer, "proxy-traj+tools").exact
+    with pytest.raises(ValueError, match="unknown setting"):
+        check_setting(tiny_tokenizer, "proxy")
 
 
 def test_check_rollout_reads_the_config_or_the_injected_manager(qwen25, qwen3):
@@ -304,6 +344,58 @@ def test_check_rollout_reads_the_config_or_the_injected_manager(qwen25, qwen3):
     with pytest.raises(TemplateDriftError, match="tracker_mode=traj"):
         check_rollout(qwen3, RolloutConfig(), ProxyEnvManager(engine, tracker_mode="traj"))
     assert check_rollout(qwen3, RolloutConfig(), object()) is None  # not arl's: not checked
+
+
+def test_check_rollout_refuses_only_what_the_agent_needs(smollm2_like):
+    """SmolLM2's template drops tool calls: a text agent through the proxy starts, a tool agent
+    is refused, saying how to declare a text agent."""
+    from arl.config import ProxyConfig, RolloutConfig
+    from arl.engine.scripted import ScriptedEngine
+    from arl.rollout.factory import check_rollout
+    from arl.rollout.proxy import ProxyEnvManager
+
+    def proxy(**kwargs):
+        return RolloutConfig(mode="proxy", proxy=ProxyConfig(**kwargs))
+
+    agent = ["{python}", "-m", "arl.agents.examples.gym_agent"]
+    for tracker in ("traj", "step"):
+        # text agents: gym (auto), gym by import path (auto), an agent program declared text
+        assert check_rollout(smollm2_like, proxy(tracker_mode=tracker))
+        assert check_rollout(smollm2_like, proxy(tracker_mode=tracker, runner="arl.rollout.runners:gym_runner"))
+        assert check_rollout(smollm2_like, proxy(tracker_mode=tracker, runner="push", transport="http",
+                                                 runner_kwargs={"command": agent}, tools=False))
+        # tool agents: tool and bugfix (auto), an agent program (auto: not known, so a tool agent)
+        for kwargs in ({"runner": "tool"}, {"runner": "arl.agents.bugfix:bugfix_runner"},
+                       {"runner": "push", "transport": "http", "runner_kwargs": {"command": agent}},
+                       {"runner": "gym", "tools": True}):
+            with pytest.raises(TemplateDriftError, match=f"tracker_mode={tracker} with a tool agent") as info:
+                check_rollout(smollm2_like, proxy(tracker_mode=tracker, **kwargs), model="smollm2-135m")
+            message = str(info.value)
+            assert "drops assistant tool_calls" in message
+            assert f"rollout.mode=proxy rollout.proxy.tracker_mode={tracker} with a text agent" in message
+            assert "rollout.proxy.tools=false" in message and "arl doctor smollm2-135m" in message
+    # an injected proxy manager: its agent is not known, so the config says (default: text)
+    engine = ScriptedEngine(smollm2_like)
+    assert check_rollout(smollm2_like, RolloutConfig(), ProxyEnvManager(engine))
+    with pytest.raises(TemplateDriftError, match="with a tool agent"):
+        check_rollout(smollm2_like, proxy(tools=True), ProxyEnvManager(engine))
+
+
+@pytest.mark.anyio
+async def test_trainer_starts_a_text_agent_proxy_run_and_refuses_a_tool_agent_one(tmp_path, smollm2_like):
+    from arl.engine.scripted import ScriptedEngine
+    from arl.train import Trainer
+
+    config = _train_config(tmp_path, "proxy")
+    engine = ScriptedEngine(smollm2_like, max_model_len=1024)
+    async with Trainer(config, engine=engine) as trainer:  # gym: a text agent
+        await trainer.setup()
+        assert trainer.model is not None
+    config = _train_config(tmp_path / "tool", "proxy", "rollout.proxy.runner=tool")
+    async with Trainer(config, engine=engine) as trainer:
+        with pytest.raises(TemplateDriftError, match="with a tool agent"):
+            await trainer.setup()
+        assert not hasattr(trainer, "model") and trainer.manager is None
 
 
 @pytest.mark.anyio
@@ -340,10 +432,31 @@ def test_cli_doctor_tiny(capsys):
     assert main(["doctor", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "generation prompt   '<|im_start|>assistant\\n'" in out
-    assert "traj        exact" in out and "proxy-step  exact" in out
+    assert "  traj                    exact" in out and "  proxy-step  tool agent  exact" in out
     assert main(["doctor", "tiny", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["exact"] is True and report["end_of_turn"] == "<|im_end|>"
+
+
+def test_cli_doctor_exit_code_judges_what_was_asked(tmp_path, smollm2_like, capsys):
+    from arl.cli import main
+
+    path = str(tmp_path / "smollm2-like")
+    smollm2_like.save_pretrained(path)
+    assert main(["doctor", path]) == 1  # a tool agent through the proxy is not exact
+    out = capsys.readouterr().out
+    assert "proxy-step  text agent  exact" in out and "proxy-step  tool agent  NOT exact" in out
+    assert main(["doctor", path, "--no-tools"]) == 0  # text agents only
+    assert "  tool agent" not in capsys.readouterr().out  # no tool agent rows
+    for mode in ("traj", "step"):
+        assert main(["doctor", path, "--mode", mode]) == 0
+        out = capsys.readouterr().out
+        assert f"  {mode}  " in out and "proxy" not in out.split("verdict")[1]
+    assert main(["doctor", path, "--mode", "proxy"]) == 1
+    capsys.readouterr()
+    assert main(["doctor", path, "--mode", "proxy", "--no-tools", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["exact"] is True and [v["setting"] for v in report["verdicts"]] == ["proxy-traj", "proxy-step"]
 
 
 def test_cli_doctor_exit_code_1_when_a_setting_is_not_exact(tmp_path, qwen3, capsys):
@@ -352,6 +465,6 @@ def test_cli_doctor_exit_code_1_when_a_setting_is_not_exact(tmp_path, qwen3, cap
     qwen3.save_pretrained(tmp_path / "qwen3-like")
     assert main(["doctor", str(tmp_path / "qwen3-like")]) == 1
     out = capsys.readouterr().out
-    assert "traj        NOT exact" in out and "step        exact" in out
+    assert "  traj                    NOT exact" in out and "  step                    exact" in out
     assert main(["doctor", str(tmp_path / "qwen3-like"), "--template-kwargs", '{"enable_thinking": false}']) == 1
     assert "(an empty think block)" in capsys.readouterr().out
