@@ -12,7 +12,11 @@ in its own process group, with a *minimal* environment: the variables above, ``e
 only the harmless basics of the trainer's own environment (`INHERITED_ENV`: PATH, HOME, locale,
 TMPDIR, VIRTUAL_ENV, PYTHONPATH; more by name with ``inherit_env``), and agent frameworks'
 telemetry switched off (`TELEMETRY_OFF`, e.g. ``OPENAI_AGENTS_DISABLE_TRACING=1``; either of the
-others overrides it). The agent may run
+others overrides it). Its client-side response caches live in the episode's own work dir and die
+with it (`cache_env`: ``DSPY_CACHEDIR``, ``DSP_CACHEDIR`` and ``XDG_CACHE_HOME`` there, the model
+caches ``HF_HOME``, ``TORCH_HOME``, ``UV_CACHE_DIR``, ``PIP_CACHE_DIR`` left at ``$HOME/.cache``;
+``env_extra`` / ``inherit_env`` override each): a cached reply would answer a later episode's
+prompt without a call, and that episode would end NoData. The agent may run
 model-written code: it must not see the trainer's secrets (API keys, tokens, credentials). The runner waits for it; past ``timeout_s`` (or when the runner's
 task is cancelled) it kills the whole group. Outcomes, all as data:
 
@@ -79,6 +83,15 @@ TELEMETRY_OFF = {
     "ANONYMIZED_TELEMETRY": "False",  # chromadb and friends
     "SCARF_NO_ANALYTICS": "true", "DO_NOT_TRACK": "1",  # the cross-tool conventions
 }
+# Response caches that answer a prompt seen before on the client side: a group's members share a
+# seed, hence their prompts, so with a cache that outlives the episode only the first member's
+# calls reach arl and the others end NoData. Each agent gets them inside its episode's work dir,
+# removed with it. DSPy's (on by default); DSP_CACHEDIR is DSPy < 2.5's joblib cache.
+RESPONSE_CACHE_DIRS = {"DSPY_CACHEDIR": "dspy", "DSP_CACHEDIR": "dsp"}
+# XDG_CACHE_HOME goes there too (tools that keep their caches by platformdirs), but these model
+# and package caches default to $XDG_CACHE_HOME/<name>: they are pinned where they resolve without
+# it ($HOME/.cache/<name>), so that no agent downloads its model or packages again per episode.
+MODEL_CACHE_DIRS = {"HF_HOME": "huggingface", "TORCH_HOME": "torch", "UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip"}
 ISOLATIONS = ("auto", "uid", "none")
 REAP_BOUND_S = 5.0  # how long the leftovers of an agent's uid may take to die
 _said: set[str] = set()  # why "auto" fell back to "none", said once per reason
@@ -172,6 +185,9 @@ class PushModeRunner(AgentRunner):
     the trainer's to pass through; ``cwd`` is the working dir.
     """
 
+    # how the program is told where the model is, named in the error of an episode with no call
+    model_address = "OPENAI_BASE_URL and OPENAI_API_KEY in its environment"
+
     def __init__(
         self,
         client: ChatClient,
@@ -214,11 +230,15 @@ class PushModeRunner(AgentRunner):
         })
         as_user: dict[str, Any] = {}
         uid = None
+        cache = workdir / "cache"
+        cache.mkdir()
         if self.isolation == "uid":
             uid = fresh_uid()
-            os.chown(workdir, uid, uid)  # still 0700: its own, and no one else's but root's
+            for path in (workdir, cache):
+                os.chown(path, uid, uid)  # still 0700: its own, and no one else's but root's
             env["HOME"] = str(workdir)
             as_user = {"user": uid, "group": uid, "extra_groups": []}
+        env.update(cache_env(cache, env))  # after HOME is final: the model caches stay under it
         proc: asyncio.subprocess.Process | None = None
         try:
             with open(stderr_path, "wb") as stderr:
@@ -285,6 +305,21 @@ def agent_env(inherit: Sequence[str], extra: Mapping[str, str], protocol: Mappin
     that are set (``inherit``: `INHERITED_ENV` and the user's additions), then ``extra``, then the
     mode's ``protocol`` variables, which win. Nothing else of the trainer's environment reaches it."""
     return {**TELEMETRY_OFF, **{k: os.environ[k] for k in inherit if k in os.environ}, **extra, **protocol}
+
+
+def cache_env(cache_dir: str | os.PathLike[str], env: Mapping[str, str]) -> dict[str, str]:
+    """The cache variables to add to an agent's environment ``env``: its response caches
+    (`RESPONSE_CACHE_DIRS`) and ``XDG_CACHE_HOME`` in ``cache_dir``, and the `MODEL_CACHE_DIRS`
+    pinned to ``$HOME/.cache/<name>``, where they would be without XDG_CACHE_HOME. A variable
+    ``env`` already sets (the user's ``env_extra`` or ``inherit_env``) is left out; a user's own
+    XDG_CACHE_HOME also leaves the model caches to follow it."""
+    cache = Path(cache_dir)
+    out = {name: str(cache / sub) for name, sub in RESPONSE_CACHE_DIRS.items()}
+    if "XDG_CACHE_HOME" not in env:
+        out["XDG_CACHE_HOME"] = str(cache)
+        home = env.get("HOME") or os.path.expanduser("~")
+        out.update({name: os.path.join(home, ".cache", sub) for name, sub in MODEL_CACHE_DIRS.items()})
+    return {name: value for name, value in out.items() if name not in env}
 
 
 async def _kill_group(proc: asyncio.subprocess.Process) -> None:

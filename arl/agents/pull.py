@@ -101,6 +101,9 @@ class PullModeRunner(AgentRunner):
     ``tool_isolation``.
     """
 
+    # how the program is told where the model is, named in the error of an episode with no call
+    model_address = "the pipe transport of arl.agents.pipe_transport, OPENAI_BASE_URL being a placeholder"
+
     def __init__(
         self,
         respond: Respond,
