@@ -99,6 +99,11 @@ class ForkConfig:
             raise ValueError("fork.k=1 compares an action with nothing: use k >= 2, or 0 to switch forking off")
 
 
+# What a manager does with the temperature/top_p/top_k an agent's request sets (proxy, push, pull):
+# draw at them, or at the config's values (counted). docs/guide.md, "Agents' sampling fields".
+AGENT_SAMPLING: tuple[str, ...] = ("override", "honour")
+
+
 @attrs.define
 class ManagerConfig:
     """How a manager plays episodes (sampling, limits, prompt shape)."""
@@ -108,6 +113,7 @@ class ManagerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    agent_sampling: str = attrs.field(default="override", validator=v.in_(AGENT_SAMPLING))
     max_model_len: int | None = None  # None: engine.max_model_len
     format_penalty: float | None = None  # None: the game's default
     history_len: int = 2  # step mode: last h steps shown
@@ -137,6 +143,9 @@ class ProxyConfig:
     tracker_mode: str = attrs.field(default="step", validator=v.in_(("traj", "step")))
     keep_branches: str = attrs.field(default="all", validator=v.in_(("all", "longest")))
     runner_kwargs: dict[str, Any] = attrs.Factory(dict)  # passed to the runner factory
+    # Does the agent send `tools` / get tool calls back? auto: gym is a text agent, any other runner
+    # a tool agent (`check_rollout` checks the chat template for what the agent needs).
+    tools: Any = attrs.field(default="auto", validator=v.in_(("auto", True, False)))
 
 
 MODES = ("traj", "step", "proxy")  # rollout.mode

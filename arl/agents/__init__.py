@@ -11,7 +11,15 @@ from __future__ import annotations
 from arl.agents.gym_runner import GymRunner, ToolCallRunner
 from arl.agents.process import PushModeRunner
 from arl.agents.pull import PullModeRunner
-from arl.agents.runner import STATE_KEY, STATUSES, AgentRunner, ChatClient, EpisodeResult, StepReport
+from arl.agents.runner import (
+    GAME_STATE_KEY,
+    STATE_KEY,
+    STATUSES,
+    AgentRunner,
+    ChatClient,
+    EpisodeResult,
+    StepReport,
+)
 
-__all__ = ["STATE_KEY", "STATUSES", "AgentRunner", "ChatClient", "EpisodeResult", "GymRunner", "PullModeRunner",
-           "PushModeRunner", "StepReport", "ToolCallRunner"]
+__all__ = ["GAME_STATE_KEY", "STATE_KEY", "STATUSES", "AgentRunner", "ChatClient", "EpisodeResult", "GymRunner",
+           "PullModeRunner", "PushModeRunner", "StepReport", "ToolCallRunner"]

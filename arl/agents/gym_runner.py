@@ -20,6 +20,7 @@ import traceback
 from typing import Any
 
 from arl.agents.runner import AgentRunner, ChatClient, EpisodeResult, StepReport
+from arl.envs.game import game_state_key
 from arl.envs.prompts import (
     SYSTEM_PROMPT,
     compact_messages,
@@ -164,11 +165,14 @@ class _GameRunner(AgentRunner):
                     raise _model_failure(exc) from exc
                 assistant = self.assistant_message(reply)
                 messages.append(assistant)
+                # GiGPO's anchor: the game's full state before the step moves it (None: no arl
+                # game, and the proxy keys on the `state` text instead, saying so per turn)
+                key = self._env(game_state_key, env)
                 observation, reward, terminated, truncated, info = await self._step(env, self.env_action(assistant))
                 steps.append(StepReport(
                     reward=float(reward), state=state, action=info.get("action"),
                     action_valid=bool(info.get("action_valid", True)),
-                    info={k: info[k] for k in _INFO_KEYS if k in info}))
+                    info={k: info[k] for k in _INFO_KEYS if k in info}, state_key=key))
                 self.record_step(state, assistant, info, float(reward))
                 state = str(info.get("raw_obs", state))
                 metrics["num_turns"] += 1

@@ -28,7 +28,9 @@ MAX_ERROR_CHARS = 1 << 16  # a longer error text is cut (kept: it is the agent's
 # |score| and |step score| at most this: finite, and far enough from float64's range that group
 # statistics (squares, sums over a batch) cannot overflow into inf and NaN advantages.
 MAX_ABS_SCORE = 1e9
-STATE_KEY = "state"  # the step_infos key naming the raw observation the step's action was taken in (GiGPO's anchor)
+STATE_KEY = "state"  # the step_infos key naming the raw observation the step's action was taken in
+# the step_infos key naming that state's full key (an arl game's state_key()): GiGPO's anchor, before "state"
+GAME_STATE_KEY = "state_key"
 StepAlignment = Literal["exact", "last_missing", "mismatch", "none"]
 
 
@@ -36,9 +38,12 @@ StepAlignment = Literal["exact", "last_missing", "mismatch", "none"]
 class StepReport:
     """One env step as a runner reports it: the k-th report belongs to the k-th model call.
 
-    ``state`` is the raw observation the action was taken in: GiGPO groups steps on it (a runner
-    that reports none gets the hash of the call's last user message, which may carry turn counters
-    and split equal states apart). ``info`` holds the other keys (``action_effective``, ``success``).
+    ``state`` is the raw observation the action was taken in; ``state_key`` the full key of that
+    state (an arl game's ``state_key()``, which names what the text may leave out: an inventory, a
+    counter). GiGPO groups steps on the hash of ``state_key``, else of ``state`` (for an env that
+    is not an arl game); a runner that reports neither gets the hash of the call's last user
+    message, which may carry turn counters and split equal states apart. ``info`` holds the other
+    keys (``action_effective``, ``success``).
     On the wire it is ``step_scores[k]`` and ``step_infos[k]`` of the `EpisodeResult`.
     """
 
@@ -47,6 +52,7 @@ class StepReport:
     action: str | None = None
     action_valid: bool = True
     info: dict[str, Any] = attrs.Factory(dict)
+    state_key: str | None = None
 
     def to_info(self) -> dict[str, Any]:
         """The ``step_infos`` entry of this report."""
@@ -55,6 +61,8 @@ class StepReport:
             out["action"] = self.action
         if self.state is not None:
             out[STATE_KEY] = self.state
+        if self.state_key is not None:
+            out[GAME_STATE_KEY] = self.state_key
         return out
 
 
@@ -82,7 +90,8 @@ class EpisodeResult:
     metrics: dict[str, float] = attrs.Factory(dict)
     error: str | None = None  # exception text for abnormal exits
     # Optional per-step env facts, aligned with step_scores (keys: action, action_valid,
-    # action_effective, success); managers copy them onto their Turns for the rollout metrics.
+    # action_effective, success, state, state_key: `StepReport`); managers copy them onto their
+    # Turns for the rollout metrics and GiGPO's anchor keys.
     step_infos: list[dict[str, Any]] = attrs.Factory(list)
 
     @classmethod
@@ -113,11 +122,13 @@ class EpisodeResult:
         for k, reward in enumerate(scores):
             info = dict(infos[k]) if infos else {}
             state = info.pop(STATE_KEY, None)
+            key = info.pop(GAME_STATE_KEY, None)
             action = info.pop("action", None)
             reports.append(StepReport(
                 reward=float(reward), state=state if isinstance(state, str) else None,
                 action=action if isinstance(action, str) else None,
-                action_valid=bool(info.pop("action_valid", True)), info=info))
+                action_valid=bool(info.pop("action_valid", True)), info=info,
+                state_key=key if isinstance(key, str) else None))
         alignment: StepAlignment = "exact" if len(scores) == n_calls else "last_missing"
         return reports + [None] * (n_calls - len(scores)), alignment
 

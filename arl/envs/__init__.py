@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 
 from arl.envs.frozen_lake import FrozenLakeEnv
-from arl.envs.game import Game, check_game, register_game, state_hash
+from arl.envs.game import Game, anchor_key, check_game, game_state_key, register_game, state_hash
 from arl.envs.sokoban import SokobanEnv
 from arl.envs.text import TextEnv, parse_answer
 from arl.envs.tools import ToolEnv
@@ -35,7 +35,9 @@ __all__ = [
     "SokobanEnv",
     "TextEnv",
     "ToolEnv",
+    "anchor_key",
     "check_game",
+    "game_state_key",
     "parse_answer",
     "register_envs",
     "register_game",

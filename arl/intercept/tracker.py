@@ -51,7 +51,9 @@ tokens the engine sampled. The tracker bridges the two for one episode:
   generated token is trained twice. With ``keep="longest"`` every engine token on the path is
   masked. ``step_samples()``: one per request, its full prompt + the engine's response tokens.
   Both carry ``state_hash`` = sha256 of the request's latest observation message (the last user
-  or tool message), so equal observations get equal hashes and GiGPO works in proxy mode.
+  or tool message): the tracker sees messages only, not the game. It is proxy mode's last
+  fallback: `ProxyEnvManager` keys a step on the game's ``state_key()`` the runner reports (arl's
+  runners do), or the observation text it reports, before this message hash.
 
 - **Memory linear in the episode.** Every request re-sends the whole history, so a committed
   request that kept its own prompt (ids and message list) would make an episode's memory

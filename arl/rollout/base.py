@@ -36,6 +36,7 @@ from arl.engine.base import (
 )
 from arl.engine.prompt import PromptView
 from arl.intercept.template import bridge_ids, chat_ids, end_of_turn_ids
+from arl.envs.game import anchor_key
 from arl.rollout.records import Sample, Trajectory, Turn
 
 __all__ = [
@@ -222,10 +223,14 @@ class EnvManager(abc.ABC):
         self, traj: Trajectory, env: Any, prompt_ids: Sequence[int], observation: str, gen: Generation
     ) -> tuple[Turn, str, bool, bool]:
         """The env step ``gen``'s reply drives, as a Turn that is not recorded on ``traj`` (a forked
-        branch's turns are not the trajectory's): (turn, next observation, terminated, truncated)."""
+        branch's turns are not the trajectory's): (turn, next observation, terminated, truncated).
+
+        The turn's ``state_hash`` is GiGPO's anchor key of ``observation``'s state, taken before
+        the step moves the env on (`anchor_key`: the game's ``state_key()``, or the observation's
+        hash for an env that is not an arl game, which ``info["state_key_source"]`` then says)."""
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         obs, reward, terminated, truncated, info = self.env_call(traj, env.step, text)
-        info = dict(info)
+        info = {**info, "state_key_source": source}
         turn = Turn(
             observation=observation,
             prompt_ids=prompt_ids if isinstance(prompt_ids, PromptView) else list(prompt_ids),
@@ -236,6 +241,7 @@ class EnvManager(abc.ABC):
             action_valid=bool(info.get("action_valid", False)),
             finish_reason=gen.finish_reason,
             policy_version=gen.policy_version,
+        key, source = self.env_call(traj, anchor_key, env, observation)
             info={k: v for k, v in info.items() if k != "raw_obs"},
         )
         return turn, str(info.get("raw_obs", obs)), bool(terminated), bool(truncated)
@@ -246,6 +252,7 @@ class EnvManager(abc.ABC):
         traj.episode_score += turn.reward
         traj.success = bool(turn.info.get("success", False))
 
+            state_hash=key,
     def start_episode(self, spec: EpisodeSpec, traj: Trajectory) -> tuple[Any, str, int]:
         """A fresh env reset to the spec's seed: (env, raw first observation, turn limit)."""
         env = self.make_env(spec, traj)

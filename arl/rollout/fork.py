@@ -106,7 +106,6 @@ from arl.config import ManagerConfig
 from arl.engine.base import Generation, SamplingParams
 from arl.engine.tokens import TokenRow
 from arl.envs.fork import NotForkableError, fork_env
-from arl.envs.game import state_hash
 from arl.rollout.base import EpisodeSpec
 from arl.rollout.records import Branch, Sample, Trajectory, Turn
 from arl.rollout.step import StepEnvManager
@@ -240,7 +239,6 @@ class ForkEnvManager(StepEnvManager):
         t = branch.step
         while True:
             turn, next_obs, terminated, truncated = self.take(traj, env, prompt, obs, gen)
-            turn.state_hash = state_hash(obs)
             branch.turns.append(turn)
             branch.success = bool(turn.info.get("success", False))
             self.remember(history, obs, turn)

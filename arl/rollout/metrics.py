@@ -73,8 +73,11 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
             len(t.response_ids) + (len(t.prompt_ids) if i else 0) for b in branches for i, t in enumerate(b.turns)))
         out["rollout/branch_success_rate"] = _mean([float(b.success) for b in branches])
     keyed = [t.info["state_key_source"] for t in turns if "state_key_source" in t.info]
-    if keyed:  # proxy mode: the share of GiGPO state keys named by the runner (else a message hash)
-        out["rollout/state_key_from_runner_rate"] = _mean([float(k == "runner") for k in keyed])
+    if keyed:  # GiGPO anchor keys that are not a game's state_key() but a hash of the text shown: 0 for arl's games
+        out["rollout/state_key_fallback_rate"] = _mean([float(k != "game") for k in keyed])
+    proxied = [t.info.get("state_key_source") for t in turns if "step_report" in t.info]
+    if proxied:  # proxy mode: the share of keys from the runner's step reports (else a message hash)
+        out["rollout/state_key_from_runner_rate"] = _mean([float(k in ("game", "observation")) for k in proxied])
     reported = [t.info["step_report"] for t in turns if "step_report" in t.info]
     if reported:  # proxy mode: turns whose runner's step reports could not be lined up with its calls
         out["rollout/step_report_mismatch_rate"] = _mean([float(r == "mismatch") for r in reported])

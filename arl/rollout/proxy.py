@@ -12,10 +12,11 @@ key) — hands the client to ``runner_factory(client, spec)`` and awaits
 After the episode the tracker yields the samples: ``tracker_mode="traj"`` one per branch (see
 `MessageTracker` for forks; ``keep_branches="longest"`` keeps one) scored with the runner's
 episode score; ``"step"`` one per model call, scored with the runner's ``step_scores`` when it
-reports one per call (else the episode score). GiGPO's state key is the hash of the raw
-observation the runner reports per step (``EpisodeResult.step_infos[i]["state"]``; GymRunner and
-ToolCallRunner do), the same key the step manager uses; for runners that report none it falls
-back to the hash of the call's latest user/tool message (documented in `_turn`).
+reports one per call (else the episode score). GiGPO's state key is the hash of the game's
+``state_key()`` the runner reports per step (``EpisodeResult.step_infos[i]["state_key"]``;
+GymRunner and ToolCallRunner do), the same key the step manager uses; it falls back to the hash
+of the reported raw observation (``["state"]``: an env that is not an arl game), then to that of
+the call's latest user/tool message, and each turn says which (documented in `_turn`).
 
 How an episode ends (the manager knows better than the agent what went wrong server-side):
 a fault the handler saw (prompt too long -> "max_length"; engine error -> "engine_error";
@@ -278,7 +279,7 @@ class ProxyEnvManager(EnvManager):
                 len(result.step_infos), n, n, n - 1, self.step_report_mismatches)
         aligned = alignment in ("exact", "last_missing")
         traj.turns = [self._turn(r, reports[i], alignment) for i, r in enumerate(requests)]
-        keyed = sum(1 for t in traj.turns if t.info.get("state_key_source") == "runner")
+        keyed = sum(1 for t in traj.turns if t.info.get("state_key_source") in ("game", "observation"))
         common = {"seed": spec.seed, "tag": spec.tag, "num_turns": len(requests), "success": traj.success,
                   "num_branches": len(tracker.branches), "tracker": dict(tracker.stats),
                   "state_keys_from_runner": keyed}
@@ -300,13 +301,18 @@ class ProxyEnvManager(EnvManager):
 
     @staticmethod
     def _turn(r: Request, report: StepReport | None, alignment: str) -> Turn:
-        """One model call as a Turn. Its GiGPO state key names the *state*: the raw observation the
-        runner reports for the step (`StepReport.state`, as arl's runners do), hashed like the step
-        manager's; only for runners that report none, the hash of the call's latest user/tool
+        """One model call as a Turn. Its GiGPO state key names the *state*, hashed like the step
+        manager's, and ``info["state_key_source"]`` says where it came from: "game", the game's
+        ``state_key()`` the runner reports for the step (`StepReport.state_key`, as arl's runners
+        do: the same key the step manager takes); "observation", the raw observation text it
+        reports (`StepReport.state`: an env that is not an arl game, or a runner that reports no
+        key); "message", for runners that report neither, the hash of the call's latest user/tool
         message (which may carry turn counters, splitting equal states apart)."""
         report = report or StepReport(reward=0.0)
-        if report.state is not None:
-            key, source = state_hash(report.state), "runner"
+        if report.state_key is not None:
+            key, source = state_hash(report.state_key), "game"
+        elif report.state is not None:
+            key, source = state_hash(report.state), "observation"
         else:
             key, source = r.prompt.state_hash, "message"
         return Turn(

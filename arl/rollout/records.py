@@ -34,7 +34,7 @@ EXIT_REASONS = NORMAL_EXITS | {
 class Turn:
     """One model call and the env step it drove."""
 
-    observation: str  # raw observation the action was taken in (what state_hash hashes)
+    observation: str  # raw observation the action was taken in
     # The full prompt fed to the engine: a list, or a PromptView into the episode's token list
     # (trajectory mode, where each prompt extends the previous one).
     prompt_ids: Sequence[int]
@@ -45,6 +45,8 @@ class Turn:
     action_valid: bool = False
     state_hash: str | None = None
     finish_reason: str = "stop"
+    # GiGPO's anchor key: the hash of the game's state_key() in that state (`arl.envs.anchor_key`;
+    # info["state_key_source"] names any fallback)
     policy_version: int = 0
     info: dict[str, Any] = attrs.Factory(dict)
 

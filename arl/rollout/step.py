@@ -4,8 +4,10 @@ The prompt of step t is `step_messages(...)`: instructions, the last `history_le
 (observation, action, reward) — every step, valid or not — and the current observation. Each
 sample is prompt + response with the loss mask on the response; its score is the step reward,
 and every sample of an episode gets the final episode score once the episode ends. `state_hash`
-hashes the RAW observation the action was taken in (not the prompt, not the history), so GiGPO
-can group equal states across the members of a group (docs/reference.md §2, §3.2).
+is the hash of the game's ``state_key()`` in the state the action was taken in (not the prompt,
+not the history; `arl.envs.anchor_key`, set by `take`), so GiGPO can group equal states across the
+members of a group (docs/reference.md §2, §3.2); an env that is not an arl game is keyed by its
+raw observation text, and its turns say so (``info["state_key_source"] == "observation"``).
 
 Exit reasons as in TrajEnvManager; "max_length" here means a single step prompt (which grows
 only with the history window) no longer fits.
@@ -17,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from arl.engine.tokens import TokenRow
-from arl.envs.game import state_hash
 from arl.envs.prompts import compact_messages, history_action, step_messages
 from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids
 from arl.rollout.records import Sample, Trajectory, Turn
@@ -50,7 +51,6 @@ class StepEnvManager(EnvManager):
                 turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs)
             else:
                 turn, next_obs, terminated, truncated = await take_turn(env, prompt, obs, history, limit)
-            turn.state_hash = state_hash(obs)
             self.remember(history, obs, turn)
             obs = next_obs
             if terminated or truncated:
@@ -90,7 +90,7 @@ class StepEnvManager(EnvManager):
                     group_id=spec.group_id,
                     traj_id=spec.traj_id,
                     step=index,
-                    state_hash=turn.state_hash or state_hash(turn.observation),
+                    state_hash=turn.state_hash,
                     env_id=spec.env_id,
                     exit_reason=traj.exit_reason,
                     action_valid=turn.action_valid,

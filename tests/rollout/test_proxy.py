@@ -277,7 +277,7 @@ async def test_equal_grids_at_different_turns_share_one_anchor_key(tiny_tokenize
     manager = ProxyEnvManager(always_up, ManagerConfig(max_tokens=8, max_turns=6), tracker_mode="step")
     episode = await manager.run_episode(spec(seed=5))  # seed 5: the start is on the top row
     turns = episode.trajectory.turns
-    assert all(t.info["state_key_source"] == "runner" for t in turns)
+    assert all(t.info["state_key_source"] == "game" for t in turns)
     repeats = [(i, j) for i in range(len(turns)) for j in range(i + 1, len(turns))
                if turns[i].observation == turns[j].observation]
     assert repeats, "walking into the top wall must repeat a grid"
@@ -329,7 +329,7 @@ async def test_step_reports_that_do_not_line_up_are_said_loudly_and_counted(scri
     assert "3 step scores and 3 step infos for 2 model calls" in caplog.text
     honest = await ProxyEnvManager(scripted, ManagerConfig(max_tokens=24, max_turns=2), tracker_mode="step").run_episode(
         spec(seed=3))
-    assert all(t.info["step_report"] == "exact" and t.info["state_key_source"] == "runner" for t in honest.trajectory.turns)
+    assert all(t.info["step_report"] == "exact" and t.info["state_key_source"] == "game" for t in honest.trajectory.turns)
 
 
 def test_step_reports_round_trip_through_the_wire_format():

@@ -12,10 +12,12 @@ The output is verl's own `AgentLoopOutput`: ``prompt_ids`` = the first turn's pr
 ``response_ids`` = everything after it (generated tokens, masked end-of-turn and bridge tokens),
 ``response_mask`` 1 exactly on generated tokens, ``response_logprobs`` the engine's log-probs
 there (0 elsewhere), ``reward_score`` the episode score, and in ``extra_fields`` what GiGPO needs
-per turn (`TURN_FIELDS`): each turn's token span in response coordinates, its state key, step
-reward, action validity, plus the episode's success, status and exit reason. verl copies
-``extra_fields`` into the batch (legacy trainer: one ``non_tensor_batch`` column per key; the v1
-trainer: the row's ``extra_fields`` dict), where `arl.integrations.verl.gigpo` reads them.
+per turn (`TURN_FIELDS`): each turn's token span in response coordinates, its state key (the
+hash of the game's ``state_key()``, as arl's step manager takes it; ``arl_state_key_sources``
+names any fallback), step reward, action validity, plus the episode's success, status and exit
+reason. verl copies ``extra_fields`` into the batch (legacy trainer: one ``non_tensor_batch``
+column per key; the v1 trainer: the row's ``extra_fields`` dict), where
+`arl.integrations.verl.gigpo` reads them.
 
 Configured from the agent-loop YAML (``actor_rollout_ref.rollout.agent.agent_loop_config_path``)::
 
@@ -73,7 +75,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 logger = logging.getLogger(__name__)
 
-# extra_fields keys this loop writes, one entry per turn (spans are [start, end) response indices)
+# extra_fields keys this loop writes, one entry per turn (spans are [start, end) response indices),
+# that `arl.integrations.verl.gigpo` needs; beside them, ``arl_state_key_sources`` says per turn
+# where its state key came from ("game": the game's state_key(); else a text-hash fallback)
 TURN_FIELDS = ("arl_turn_spans", "arl_state_keys", "arl_step_rewards", "arl_action_valid")
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
@@ -194,7 +198,7 @@ def episode_output(
         "tool_rewards": [],  # verl's stable schema keys
     }
     if not episode.samples:
-        fields.update({key: [] for key in TURN_FIELDS}, turn_scores=[])
+        fields.update({key: [] for key in TURN_FIELDS}, arl_state_key_sources=[], turn_scores=[])
         prompt = fallback_prompt or []
         return AgentLoopOutput(prompt_ids=prompt, response_ids=[filler_token], response_mask=[0], response_logprobs=[0.0],
                                reward_score=float(traj.episode_score), num_turns=0,
@@ -210,7 +214,7 @@ def episode_output(
     if any(sample.response_mask[:prompt_len]):
         raise AssertionError("the first prompt of an episode holds no generated token")
 
-    spans, keys, rewards, valid = [], [], [], []
+    spans, keys, sources, rewards, valid = [], [], [], [], []
     for turn in turns:
         if list(sample.input_ids[: len(turn.prompt_ids)]) != list(turn.prompt_ids):
             raise AssertionError("a turn's prompt is not a prefix of the episode's tokens")
@@ -219,7 +223,9 @@ def episode_output(
         if start >= response_length:
             break  # cut off (see the docstring)
         spans.append([start, end])
-        keys.append(turn.state_hash or state_hash(turn.observation))
+        key, source = turn_state_key(turn)
+        keys.append(key)
+        sources.append(source)
         rewards.append(float(turn.reward))
         valid.append(bool(turn.action_valid))
     fields["arl_cut_tokens"] = max(0, len(response) - response_length)
@@ -227,7 +233,7 @@ def episode_output(
         logger.warning("episode %s: response of %d tokens cut to rollout.response_length=%d",
                        traj.traj_id, len(response), response_length)
     fields.update(arl_turn_spans=spans, arl_state_keys=keys, arl_step_rewards=rewards, arl_action_valid=valid,
-                  turn_scores=rewards)
+                  arl_state_key_sources=sources, turn_scores=rewards)
     return AgentLoopOutput(
         prompt_ids=list(sample.input_ids[:prompt_len]),
         response_ids=response[:response_length],
@@ -238,6 +244,19 @@ def episode_output(
         metrics=metrics,
         extra_fields=fields,
     )
+
+
+def turn_state_key(turn: Turn) -> tuple[str, str]:
+    """A turn's GiGPO anchor key and where it came from (``arl_state_keys`` / ``arl_state_key_sources``).
+
+    The manager's key (`EnvManager.take`: the hash of the game's ``state_key()``, source "game";
+    of the observation text for an env that is not an arl game, "observation"; in proxy mode as
+    the runner reported it, or "message") with its ``info["state_key_source"]``. A turn without a
+    key (a proxy call with no user or tool message to hash) is keyed by the hash of its
+    observation text: verl's rows need a string per turn.
+    """
+    key = turn.state_hash if turn.state_hash is not None else state_hash(turn.observation)
+    return key, str(turn.info.get("state_key_source", "observation"))
 
 
 def _sample_turns(episode: Episode) -> list[Turn]:
