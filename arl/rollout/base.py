@@ -35,8 +35,8 @@ from arl.engine.base import (
     SamplingParams,
 )
 from arl.engine.prompt import PromptView
-from arl.intercept.template import bridge_ids, chat_ids, end_of_turn_ids
 from arl.envs.game import anchor_key
+from arl.intercept.template import bridge_ids, chat_ids, end_of_turn_ids
 from arl.rollout.records import Sample, Trajectory, Turn
 
 __all__ = [
@@ -229,6 +229,7 @@ class EnvManager(abc.ABC):
         the step moves the env on (`anchor_key`: the game's ``state_key()``, or the observation's
         hash for an env that is not an arl game, which ``info["state_key_source"]`` then says)."""
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        key, source = self.env_call(traj, anchor_key, env, observation)
         obs, reward, terminated, truncated, info = self.env_call(traj, env.step, text)
         info = {**info, "state_key_source": source}
         turn = Turn(
@@ -239,9 +240,9 @@ class EnvManager(abc.ABC):
             reward=float(reward),
             action=info.get("action"),
             action_valid=bool(info.get("action_valid", False)),
+            state_hash=key,
             finish_reason=gen.finish_reason,
             policy_version=gen.policy_version,
-        key, source = self.env_call(traj, anchor_key, env, observation)
             info={k: v for k, v in info.items() if k != "raw_obs"},
         )
         return turn, str(info.get("raw_obs", obs)), bool(terminated), bool(truncated)
@@ -252,7 +253,6 @@ class EnvManager(abc.ABC):
         traj.episode_score += turn.reward
         traj.success = bool(turn.info.get("success", False))
 
-            state_hash=key,
     def start_episode(self, spec: EpisodeSpec, traj: Trajectory) -> tuple[Any, str, int]:
         """A fresh env reset to the spec's seed: (env, raw first observation, turn limit)."""
         env = self.make_env(spec, traj)

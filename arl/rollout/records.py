@@ -43,10 +43,10 @@ class Turn:
     reward: float = 0.0
     action: str | None = None  # parsed action, None when invalid
     action_valid: bool = False
-    state_hash: str | None = None
-    finish_reason: str = "stop"
     # GiGPO's anchor key: the hash of the game's state_key() in that state (`arl.envs.anchor_key`;
     # info["state_key_source"] names any fallback)
+    state_hash: str | None = None
+    finish_reason: str = "stop"
     policy_version: int = 0
     info: dict[str, Any] = attrs.Factory(dict)
 
