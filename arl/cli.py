@@ -370,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-overhead-gib", type=float, default=2.0, help="vLLM beside weights and KV cache")
     p.set_defaults(func=_cmd_plan)
 
-    p = sub.add_parser("view", help="a run dir as one self-contained HTML report: curves and eval rows")
+    p = sub.add_parser("view", help="a run dir as one self-contained HTML report: config, before -> after, "
+                                    "curves, episodes")
     p.add_argument("run_dir", type=Path, help="the run directory (holds metrics.jsonl)")
     p.add_argument("-o", "--output", type=Path, default=None, help="the HTML file (default RUN_DIR/report.html)")
     p.set_defaults(func=_cmd_view)

@@ -1,7 +1,9 @@
 """What a run directory holds besides checkpoints, and the rule that nothing deletes it implicitly.
 
 A run directory (``config.run_dir``) holds checkpoints (`arl.train.checkpoint`), metrics.jsonl,
-tb/, the learning curve, arl.log and, when the KL reference is the warm-started policy, that
+tb/, the learning curve, arl.log, the resolved config (`CONFIG_FILE`, `save_config`: what `arl view`
+shows; a checkpoint's trainer_state.pt also holds it, but reading that needs the pickle of its
+optimizer state) and, when the KL reference is the warm-started policy, that
 reference (`REFERENCE_FILE`: checkpoints hold only the policy, and a resumed run must anchor to
 the same policy, not to the initial model it is rebuilt from). A fresh run starts only in a
 directory with no earlier run in it (`check_fresh`), or when told to overwrite it.
@@ -15,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from arl.config import RunExistsError
+from arl.config import RunExistsError, unstructure
+from arl.train.episodes import EPISODES_FILE
 
 log = logging.getLogger(__name__)
 
 REFERENCE_FILE = "reference.pt"  # the KL reference policy's state dict, when it is not the initial model
+CONFIG_FILE = "config.yaml"  # the run's resolved config, rewritten by every set-up (a resume's own overrides)
 
 
 def run_artifacts(run_dir: Path) -> list[str]:
@@ -29,7 +34,7 @@ def run_artifacts(run_dir: Path) -> list[str]:
         return []
     ckpts = sorted(p.name for p in run_dir.glob("ckpt_*"))
     found = [f"{len(ckpts)} checkpoint(s): {', '.join(ckpts[-3:])}"] if ckpts else []
-    found += [name for name in ("metrics.jsonl", REFERENCE_FILE) if (run_dir / name).exists()]
+    found += [name for name in ("metrics.jsonl", EPISODES_FILE, REFERENCE_FILE) if (run_dir / name).exists()]
     return found
 
 
@@ -57,10 +62,23 @@ def check_fresh(run_dir: Path, overwrite: bool) -> None:
             f"(`arl train CONFIG --overwrite`, or overwrite=true in the config)"
         )
     log.warning("overwriting the run in %s (%s)", run_dir, ", ".join(found))
-    for path in [run_dir / "metrics.jsonl", run_dir / "learning_curve.png", run_dir / REFERENCE_FILE]:
+    # episodes.jsonl too: an overwritten run's evaluations would otherwise stay in the new run's report
+    for path in [run_dir / "metrics.jsonl", run_dir / EPISODES_FILE, run_dir / "learning_curve.png",
+                 run_dir / REFERENCE_FILE, run_dir / CONFIG_FILE]:
         path.unlink(missing_ok=True)
     for path in [run_dir / "tb", *run_dir.glob("ckpt_*")]:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def save_config(run_dir: Path, config: Any) -> Path:
+    """``config`` (a `TrainConfig`, as resolved: ``optim.precision`` "auto" already bf16 or fp32) as
+    run_dir/config.yaml, written atomically; returns its path. Plain YAML, so `arl view` and a
+    reader read it without arl's classes, and `load_config` reads it back."""
+    path = run_dir / CONFIG_FILE
+    tmp = run_dir / f".tmp-{CONFIG_FILE}"
+    tmp.write_text(yaml.safe_dump(unstructure(config), sort_keys=False), encoding="utf-8")
+    tmp.replace(path)
+    return path
 
 
 def save_reference(run_dir: Path, model: Any) -> None:
@@ -82,4 +100,5 @@ def load_reference(run_dir: Path, model: Any, *, warm_started: bool) -> bool:
     return False
 
 
-__all__ = ["REFERENCE_FILE", "check_fresh", "free_run_name", "load_reference", "run_artifacts", "save_reference"]
+__all__ = ["CONFIG_FILE", "REFERENCE_FILE", "check_fresh", "free_run_name", "load_reference", "run_artifacts",
+           "save_config", "save_reference"]

@@ -3,7 +3,7 @@
     from arl.viz import sample_html, episode_html, SampleView
     html = sample_html(sample, tokenizer, advantages=adv, trainer_logprobs=lp)
     SampleView(sample, tokenizer)          # renders itself in a notebook cell (_repr_html_)
-    arl view RUN_DIR -o report.html        # curves, eval table and episodes of a run, one file
+    arl view RUN_DIR -o report.html        # a run: config, before -> after, curves, episodes; one file
 
 Everything is self-contained HTML: inline CSS, inline SVG, no external URL, no JS library.
 """
