@@ -52,14 +52,29 @@ def predicting_positions(response_mask: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(response_mask[:, 1:].bool().any(dim=0)).squeeze(-1)
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0,
+def _scale(logits: torch.Tensor, temperature: float | torch.Tensor, at: torch.Tensor | slice) -> torch.Tensor:
+    """``logits`` (B, K, V) in fp32 divided by the temperature of the tokens they predict: a scalar,
+    or a (B, L) per-token tensor (token i's temperature at position i) read at positions ``at`` + 1."""
+    if not isinstance(temperature, torch.Tensor):
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        return logits.float() / temperature
+    if bool((temperature <= 0).any()):
+        raise ValueError("every token's temperature must be > 0 (a greedy draw is scored at 1)")
+    per_token = temperature[:, 1:] if isinstance(at, slice) else temperature[:, at + 1]
+    return logits.float() / per_token.to(logits.device).unsqueeze(-1)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float | torch.Tensor = 1.0,
                    positions: torch.Tensor | None = None) -> torch.Tensor:
     """log p(input_ids[:, i] | input_ids[:, :i]) at position i; position 0 gets 0.
 
     The model's logits at position t predict token t+1, so the shift happens here and the result
     lines up with `response_mask` (and with the engine's log-probs in `collate()['logprobs']`).
     Computed in float32 (bf16 log-softmax is too coarse to compare with the engine), after
-    dividing by the sampling temperature, as the engine reports processed log-probs.
+    dividing by the sampling temperature, as the engine reports processed log-probs. The
+    temperature is one scalar, or a (B, L) tensor aligned with ``input_ids`` (token i's own: each
+    reply is scored at the temperature it was drawn at, `arl.rollout.records.token_temperatures`).
 
     With ``positions`` (from `predicting_positions`), ``logits`` is (B, K, V): the logits at those
     K positions only. The result is still (B, L): position t+1 gets the log-prob of the token the
@@ -70,24 +85,29 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     tensor([[ 0.0000, -1.3863, -1.3863]])
     >>> token_logprobs(logits[:, 1:2], torch.tensor([[0, 1, 2]]), positions=torch.tensor([1]))
     tensor([[ 0.0000,  0.0000, -1.3863]])
+
+    Per-token temperatures: logits (0, log 2) over two tokens give token 1 probability 2/3 at
+    T=1 and 4/5 at T=0.5:
+
+    >>> two = torch.tensor([[[0.0, math.log(2)]] * 3])
+    >>> token_logprobs(two, torch.tensor([[0, 1, 1]]), torch.tensor([[1.0, 1.0, 0.5]])).exp()
+    tensor([[1.0000, 0.6667, 0.8000]])
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     if positions is None:
         if logits.shape[:2] != input_ids.shape:
             raise ValueError(f"logits {tuple(logits.shape)} do not match input_ids {tuple(input_ids.shape)}")
-        scaled = logits[:, :-1].float() / temperature
+        scaled = _scale(logits[:, :-1], temperature, slice(None))
         targets = input_ids[:, 1:].unsqueeze(-1)
         logp = scaled.gather(-1, targets).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
         return F.pad(logp, (1, 0))  # nothing predicts the first token
     _check_kept(logits, input_ids, positions)
-    scaled = logits.float() / temperature
+    scaled = _scale(logits, temperature, positions)
     targets = input_ids[:, positions + 1].unsqueeze(-1)
     logp = scaled.gather(-1, targets).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
     return logp.new_zeros(input_ids.shape).index_copy(1, positions + 1, logp)
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0,
+def entropy_from_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0,
                         positions: torch.Tensor | None = None, length: int | None = None) -> torch.Tensor:
     """Entropy of the distribution that produced token i, at position i; position 0 gets 0.
 
@@ -100,15 +120,13 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0,
     >>> entropy_from_logits(torch.zeros(1, 1, 4), positions=torch.tensor([0]), length=3)
     tensor([[0.0000, 1.3863, 0.0000]])
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     if positions is None:
-        logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+        logp = torch.log_softmax(_scale(logits[:, :-1], temperature, slice(None)), dim=-1)
         return F.pad(-(logp.exp() * logp).sum(dim=-1), (1, 0))
     if length is None:
         raise ValueError("entropy_from_logits(positions=...) needs the row length")
     _check_kept(logits, torch.empty(logits.shape[0], length), positions)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = torch.log_softmax(_scale(logits, temperature, positions), dim=-1)
     entropy = -(logp.exp() * logp).sum(dim=-1)
     return entropy.new_zeros(logits.shape[0], length).index_copy(1, positions + 1, entropy)
 
@@ -234,8 +252,10 @@ def policy_loss(
     Metrics (floats; token means over this call's response tokens, not the global normalisers):
     loss, pg_loss (the pg term aggregated with this call's own counts), clip_frac (tokens where
     the clipped branch is taken), dual_clip_frac, approx_kl (k3 of old vs new: mean(ratio - 1 -
-    log ratio)), ratio_mean, ratio_max, kl, entropy, is_weight_mean, logprob_gap
-    (mean |old - engine|), num_tokens, num_seqs.
+    log ratio)), ratio_mean, ratio_max, num_tokens, num_seqs; and only where their term is
+    computed (a metric is measured or absent): dual_clip_frac (``dual_clip``), kl
+    (``ref_logprobs``), entropy (``entropy``, given with or without the bonus), logprob_gap (mean
+    |old - engine|, ``engine_logprobs``), is_weight_mean (``is_cap`` too).
 
     With ratio == 1 the loss is the plain policy gradient -mean(A) (token-mean):
 
@@ -354,15 +374,21 @@ def policy_loss(
             "loss": float(loss),
             "pg_loss": float(aggregate(pg, mask, agg)),
             "clip_frac": _masked_mean(clipped.float(), mask),
-            "dual_clip_frac": _masked_mean(dual_clipped.float(), mask),
             "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, mask),
             "ratio_mean": _masked_mean(ratio, mask),
             "ratio_max": _masked_max(ratio, mask),
-            "kl": _masked_mean(kl, mask),
-            "entropy": _masked_mean(ent, mask),
-            "is_weight_mean": _masked_mean(is_weight, mask),
-            "logprob_gap": _masked_mean(gap.abs(), mask),
             "num_tokens": float(mask.sum()),
             "num_seqs": float(mask.any(dim=-1).sum()),
         }
+        # measured or absent: a term that is not computed is not reported (a 0 would read as "measured, 0")
+        if dual_clip is not None:
+            metrics["dual_clip_frac"] = _masked_mean(dual_clipped.float(), mask)
+        if engine_logprobs is not None:
+            metrics["logprob_gap"] = _masked_mean(gap.abs(), mask)
+            if is_cap is not None:
+                metrics["is_weight_mean"] = _masked_mean(is_weight, mask)
+        if ref_logprobs is not None:
+            metrics["kl"] = _masked_mean(kl, mask)
+        if entropy is not None:
+            metrics["entropy"] = _masked_mean(ent, mask)
     return loss, metrics

@@ -23,6 +23,7 @@ from arl.engine.base import (
     LoRAAdapter,
     OutputConstraint,
     PromptTooLongError,
+    SampledWith,
     SamplingParams,
 )
 
@@ -68,5 +69,5 @@ def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEng
 
 __all__ = [
     "BaseEngine", "Engine", "EngineClosedError", "EngineError", "EngineUnsupportedError",
-    "Generation", "InvalidConstraintError", "InvalidPromptError", "LoRAAdapter", "OutputConstraint", "PromptTooLongError", "SamplingParams", "make_engine",
+    "Generation", "InvalidConstraintError", "InvalidPromptError", "LoRAAdapter", "OutputConstraint", "PromptTooLongError", "SampledWith", "SamplingParams", "make_engine",
 ]

@@ -107,6 +107,46 @@ class SamplingParams:
 
 
 @attrs.frozen
+class SampledWith:
+    """How one reply's tokens were drawn: what the trainer needs to score them as they were sampled.
+
+    The trainer recomputes each token's log-prob at its own ``temperature`` (a greedy draw,
+    ``temperature == 0``, is scored at 1: the engine reports the unscaled distribution for it, see
+    `SamplingParams`). What it cannot reproduce is recorded so it can be counted, not hidden: a
+    truncation (``top_p < 1`` or ``top_k > 0``: the engine renormalised over a subset the trainer's
+    full softmax does not see), a ``constrained`` draw (an `OutputConstraint` masked tokens out), and
+    a reply a stop string ended (``stopped_by_string``: its last tokens are the match, its end is the
+    string's, not the model's end-of-turn).
+
+    >>> SampledWith.of(SamplingParams(temperature=0.3, top_p=0.9))
+    SampledWith(temperature=0.3, top_p=0.9, top_k=0, constrained=False, stopped_by_string=False)
+    >>> SampledWith(temperature=0.0).scoring_temperature, SampledWith(top_k=50).truncated
+    (1.0, True)
+    """
+
+    temperature: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
+    top_p: float = 1.0
+    top_k: int = 0
+    constrained: bool = False
+    stopped_by_string: bool = False
+
+    @classmethod
+    def of(cls, params: SamplingParams, *, stopped_by_string: bool = False) -> SampledWith:
+        return cls(params.temperature, params.top_p, params.top_k, params.constraint is not None, stopped_by_string)
+
+    @property
+    def truncated(self) -> bool:
+        """The draw came from a top-p/top-k truncated distribution (greedy is not a truncation:
+        its log-probs are the full distribution's)."""
+        return self.temperature > 0 and (self.top_p < 1.0 or self.top_k > 0)
+
+    @property
+    def scoring_temperature(self) -> float:
+        """The temperature the trainer divides the logits by to get the engine's log-probs."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@attrs.frozen
 class Generation:
     """One sampled completion. `logprobs[i]` is the log-prob of `token_ids[i]`."""
 

@@ -7,11 +7,19 @@ and fork managers and the chat tracker build their rows here, so the idiom and i
 check live in one place; `arl.rollout.records.Sample` and the tracker's samples take the three
 lists as they are.
 
+Each generated segment may say how it was drawn (`arl.engine.base.SampledWith`): ``sampled_with``
+holds one record per generated segment, in order, or is empty when any segment did not say (the
+trainer then scores the row at its configured temperature).
+
 >>> row = TokenRow().context([5, 6]).generated([7, 8], [-0.5, -0.25]).context([2])
 >>> row.ids, row.mask, row.logprobs
 ([5, 6, 7, 8, 2], [0, 0, 1, 1, 0], [0.0, 0.0, -0.5, -0.25, 0.0])
 >>> row.cut(4).mask
 [0, 0, 1, 1]
+>>> hot = SampledWith(temperature=0.3)
+>>> row = TokenRow().context([5]).generated([7], [-0.1], hot).context([2]).generated([9], [-0.2], hot)
+>>> len(row.sampled_with), len(row.cut(3).sampled_with)
+(2, 1)
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+
+from arl.engine.base import SampledWith
 
 
 @attrs.define
@@ -28,11 +38,23 @@ class TokenRow:
     ids: list[int] = attrs.Factory(list)
     mask: list[int] = attrs.Factory(list)
     logprobs: list[float] = attrs.Factory(list)
+    # one entry per generated segment (None: that segment did not say how it was drawn)
+    draws: list[SampledWith | None] = attrs.Factory(list)
 
-    def add(self, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]) -> TokenRow:
-        """Append a segment given in full (e.g. a tracked message's own row); returns self."""
+    def add(self, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float],
+            sampled_with: SampledWith | None = None) -> TokenRow:
+        """Append a segment given in full (e.g. a tracked message's own row); returns self. A
+        segment with sampled tokens in it holds one reply: ``sampled_with`` says how it was drawn."""
         if not len(ids) == len(mask) == len(logprobs):
             raise ValueError(f"segment misaligned: {len(ids)} tokens, {len(mask)} mask, {len(logprobs)} log-probs")
+        runs = count_runs(mask)
+        if runs and self.mask and self.mask[-1] and mask[0]:
+            # two replies with no context between read as one run of sampled tokens: one draw record,
+            # unknown (None) unless both were drawn alike
+            runs -= 1
+            if self.draws[-1] != sampled_with:
+                self.draws[-1] = None
+        self.draws += [sampled_with] * runs
         self.ids += ids
         self.mask += mask
         self.logprobs += [float(x) for x in logprobs]
@@ -42,16 +64,31 @@ class TokenRow:
         """Tokens the model read but did not sample: never in the loss."""
         return self.add(ids, [0] * len(ids), [0.0] * len(ids))
 
-    def generated(self, ids: Sequence[int], logprobs: Sequence[float]) -> TokenRow:
-        """Tokens the engine sampled, with its log-probs: what the loss trains."""
-        return self.add(ids, [1] * len(ids), logprobs)
+    def generated(self, ids: Sequence[int], logprobs: Sequence[float],
+                  sampled_with: SampledWith | None = None) -> TokenRow:
+        """Tokens the engine sampled, with its log-probs (and how it drew them): what the loss trains."""
+        return self.add(ids, [1] * len(ids), logprobs, sampled_with)
 
     def cut(self, n: int) -> TokenRow:
         """A new row of the first ``n`` tokens."""
-        return TokenRow(self.ids[:n], self.mask[:n], self.logprobs[:n])
+        return TokenRow(self.ids[:n], self.mask[:n], self.logprobs[:n], self.draws[: count_runs(self.mask[:n])])
+
+    @property
+    def sampled_with(self) -> tuple[SampledWith, ...]:
+        """How each generated segment was drawn, in order; empty when any segment did not say."""
+        return () if any(d is None for d in self.draws) else tuple(self.draws)  # type: ignore[arg-type]
 
     @classmethod
     def turn(cls, prompt: Sequence[int], response: Sequence[int], logprobs: Sequence[float],
-             closing: Sequence[int] = ()) -> TokenRow:
+             closing: Sequence[int] = (), sampled_with: SampledWith | None = None) -> TokenRow:
         """One model call as a row: its prompt, the sampled response, the closing tokens."""
-        return cls().context(prompt).generated(response, logprobs).context(closing)
+        return cls().context(prompt).generated(response, logprobs, sampled_with).context(closing)
+
+
+def count_runs(mask: Sequence[int]) -> int:
+    """The number of maximal runs of set mask bits: one per reply in a well-formed row.
+
+    >>> count_runs([0, 1, 1, 0, 1]), count_runs([])
+    (2, 0)
+    """
+    return sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))

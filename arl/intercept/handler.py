@@ -63,11 +63,13 @@ from typing import Any
 
 import attrs
 
+from arl.config import AGENT_SAMPLING
 from arl.engine.base import (
     Generation,
     InvalidConstraintError,
     InvalidPromptError,
     PromptTooLongError,
+    SampledWith,
     SamplingParams,
 )
 from arl.engine.stops import first_prefix, stop_cut
@@ -101,12 +103,44 @@ def _warn_field(kind: str, name: str) -> None:
 
 @attrs.frozen
 class SamplingDefaults:
-    """Sampling settings for the fields a request leaves unset."""
+    """Sampling settings for the fields a request leaves unset, and what to do with the ones it sets.
+
+    ``agent_sampling``: ``"honour"`` draws at the request's ``temperature`` / ``top_p`` / ``top_k``
+    where it sets them (an OpenAI-compatible server's behaviour); ``"override"`` draws at these
+    values whatever the request says, and counts each field it overrode to a different value in
+    ``ChatHandler.stats["sampling_overrides"]``. Either way the reply's tokens record what they were
+    drawn at (`SampledWith`), so the trainer scores them at that. Training managers pass their
+    config's choice (`arl.config.ManagerConfig.agent_sampling`; docs/guide.md says why it defaults
+    to override there).
+    """
 
     max_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    agent_sampling: str = attrs.field(default="honour", validator=attrs.validators.in_(AGENT_SAMPLING))
+
+    def resolve(self, request: ChatRequest) -> tuple[dict[str, Any], int]:
+        """The temperature/top_p/top_k to draw at for ``request``, and how many of the fields the
+        request set were overridden to a different value.
+
+        >>> from types import SimpleNamespace as R
+        >>> SamplingDefaults(temperature=1.0).resolve(R(temperature=0.1, top_p=None, top_k=None))
+        ({'temperature': 0.1, 'top_p': 1.0, 'top_k': 0}, 0)
+        >>> SamplingDefaults(agent_sampling="override").resolve(R(temperature=0.1, top_p=1.0, top_k=None))
+        ({'temperature': 1.0, 'top_p': 1.0, 'top_k': 0}, 1)
+        """
+        out, overridden = {}, 0
+        for name in ("temperature", "top_p", "top_k"):
+            ours, asked = getattr(self, name), getattr(request, name)
+            if asked is None:
+                out[name] = ours
+            elif self.agent_sampling == "honour":
+                out[name] = asked
+            else:
+                out[name] = ours
+                overridden += asked != ours
+        return out, overridden
 
 
 def _constraint_name(request: ChatRequest) -> str:
@@ -142,7 +176,7 @@ class ChatHandler:
         self.fault: tuple[str, str, str] | None = None
         self.responses = ResponseStore()  # the episode's Responses-API replies, for previous_response_id
         self.stats: dict[str, int] = {"stop_cuts": 0, "parallel_tool_calls_cut": 0, "noop_fields": 0,
-                                      "unknown_fields": 0, "constrained_calls": 0}
+                                      "unknown_fields": 0, "constrained_calls": 0, "sampling_overrides": 0}
 
     def close(self) -> None:
         """The episode ended: later calls are refused with `EpisodeClosed`."""
@@ -182,11 +216,11 @@ class ChatHandler:
         if constraint is not None:
             self.stats["constrained_calls"] += 1
         seed = self.seed_for(turn) if self.seed_for is not None else request.seed
+        sampling, overridden = d.resolve(request)
+        self.stats["sampling_overrides"] += overridden
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=d.temperature if request.temperature is None else request.temperature,
-            top_p=d.top_p if request.top_p is None else request.top_p,
-            top_k=d.top_k if request.top_k is None else request.top_k,
+            **sampling,
             seed=seed,
             stop_token_ids=tuple(self.tracker.end_of_turn_ids[-1:]),
             stop=request.stop,
@@ -216,6 +250,7 @@ class ChatHandler:
 
         stops = request.stop
         k = stop_cut(ids, decode, stops)  # the engine stopped there already; a generate() that did not is cut
+        stopped_by_string = k is not None
         if k is not None:
             ids, lps, reason = ids[:k], lps[:k], "stop"
         text = decode(ids)
@@ -235,7 +270,8 @@ class ChatHandler:
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             reply["tool_calls"] = calls
-        self.tracker.commit(prompt, ids, lps, reason, reply, gen.policy_version)
+        self.tracker.commit(prompt, ids, lps, reason, reply, gen.policy_version,
+                            sampled_with=SampledWith.of(params, stopped_by_string=stopped_by_string))
         finish = "length" if reason == "length" else ("tool_calls" if calls else "stop")
         token_logprobs = None
         if request.logprobs:

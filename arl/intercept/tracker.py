@@ -75,6 +75,7 @@ from typing import Any, Literal
 
 import attrs
 
+from arl.engine.base import SampledWith
 from arl.engine.prompt import PromptView
 from arl.engine.tokens import TokenRow
 from arl.envs.game import state_hash
@@ -101,6 +102,7 @@ class Node:
     separator: int = 0  # trailing inter-message tokens (dropped at the end of a sample)
     owner: int | None = None  # branch that generated it
     request: int | None = None  # request that generated it
+    sampled_with: SampledWith | None = None  # how its generated tokens were drawn
 
 
 @attrs.define(eq=False)
@@ -135,6 +137,7 @@ class Request:
     policy_version: int
     closing: list[int] = attrs.Factory(list)  # end-of-turn added after a response cut at max_tokens
     branch: int = -1
+    sampled_with: SampledWith | None = None  # how response_ids were drawn
 
 
 @attrs.define(eq=False)
@@ -181,6 +184,7 @@ class TrackedSample:
     observation: str | None
     policy_version: int
     finish_reason: str
+    sampled_with: tuple[SampledWith, ...] = ()  # one per run of response_mask (empty: not recorded)
 
 
 class MessageTracker:
@@ -298,9 +302,10 @@ class MessageTracker:
 
     def commit(
         self, prompt: Prompt, token_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str,
-        message: dict[str, Any], policy_version: int = 0,
+        message: dict[str, Any], policy_version: int = 0, sampled_with: SampledWith | None = None,
     ) -> Request:
-        """Record the engine's response to `prompt` (``message`` is what the agent receives)."""
+        """Record the engine's response to `prompt` (``message`` is what the agent receives;
+        ``sampled_with``: how the engine drew ``token_ids``, which the samples carry to the trainer)."""
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probs")
         tpl = self.template(prompt.tools)
@@ -317,11 +322,11 @@ class MessageTracker:
             row = TokenRow().context(head).generated(ids, lps).context(close + sep)
             node = Node(
                 key, len(prompt.nodes), "assistant", ids=row.ids, mask=row.mask, logprobs=row.logprobs,
-                generated=True, separator=len(sep), request=len(self.requests),
+                generated=True, separator=len(sep), request=len(self.requests), sampled_with=sampled_with,
             )
             self._nodes[key] = node
         request = Request(len(self.requests), prompt, node, ids, lps, finish_reason, policy_version,
-                          closing=list(close))
+                          closing=list(close), sampled_with=sampled_with)
         self.requests.append(request)
         self.stats["requests"] += 1
         self._assign(request)
@@ -379,7 +384,7 @@ class MessageTracker:
             row = TokenRow()
             for node in branch.nodes:
                 if node.generated and (keep == "longest" or node.owner == branch.id):
-                    row.add(node.ids, node.mask, node.logprobs)
+                    row.add(node.ids, node.mask, node.logprobs, node.sampled_with)
                 else:  # context: a user/tool message, or a repeat of another branch's reply
                     row.context(node.ids)
             if not any(row.mask):  # nothing of its own to train on (only repeats of other branches)
@@ -391,7 +396,7 @@ class MessageTracker:
                 requests=tuple(branch.requests), branch=branch.id, state_hash=last.prompt.state_hash,
                 observation=last.prompt.observation,
                 policy_version=min(self.requests[r].policy_version for r in branch.requests),
-                finish_reason=last.finish_reason,
+                finish_reason=last.finish_reason, sampled_with=row.sampled_with,
             ))
         return out
 
@@ -400,11 +405,11 @@ class MessageTracker:
         end-of-turn, mask 0, when the engine was cut at max_tokens)."""
         out = []
         for r in self.requests:
-            row = TokenRow.turn(r.prompt.prompt_ids, r.response_ids, r.logprobs, r.closing)
+            row = TokenRow.turn(r.prompt.prompt_ids, r.response_ids, r.logprobs, r.closing, r.sampled_with)
             out.append(TrackedSample(
                 input_ids=row.ids, response_mask=row.mask, logprobs=row.logprobs, requests=(r.index,), branch=r.branch,
                 state_hash=r.prompt.state_hash, observation=r.prompt.observation,
-                policy_version=r.policy_version, finish_reason=r.finish_reason,
+                policy_version=r.policy_version, finish_reason=r.finish_reason, sampled_with=row.sampled_with,
             ))
         return out
 

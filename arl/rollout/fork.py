@@ -275,12 +275,13 @@ class ForkEnvManager(StepEnvManager):
         then the branch's), for reading only: no estimator counts a branch as an episode."""
         first = branch.turns[0]
         row = TokenRow.turn(first.prompt_ids, first.response_ids, first.response_logprobs,
-                            self.close_turn(first.response_ids))
+                            self.close_turn(first.response_ids), first.sampled_with)
         prefix = sum(turn.reward for turn in traj.turns[: branch.step])
         return Sample(
             input_ids=row.ids,
             response_mask=row.mask,
             old_logprobs=row.logprobs,
+            sampled_with=row.sampled_with,
             score=first.reward,
             episode_score=prefix + sum(branch.rewards),
             step_score=first.reward,

@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 
 from arl.agents.runner import RunnerStatus
+from arl.engine.base import SampledWith
+from arl.engine.tokens import count_runs
 
 # Why an episode ended. Normal: the game ended or its step limit hit. Abnormal: everything else;
 # abnormal episodes can be masked out of the loss (`collate(..., mask_abnormal=True)`).
@@ -49,6 +51,7 @@ class Turn:
     finish_reason: str = "stop"
     policy_version: int = 0
     info: dict[str, Any] = attrs.Factory(dict)
+    sampled_with: SampledWith | None = None  # how response_ids were drawn (None: not recorded)
 
 
 @attrs.define
@@ -123,6 +126,10 @@ class Sample:
     fork_id: str | None = None
     fork_rewards: tuple[float, ...] = attrs.field(default=(), converter=tuple)
     branch: bool = False
+    # How each reply in the sample was drawn: one record per run of response_mask, in order (a
+    # trajectory sample has one per turn). The trainer scores each reply's tokens at its own
+    # temperature; empty: not recorded, scored at the run's configured temperature.
+    sampled_with: tuple[SampledWith, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.input_ids)
@@ -131,6 +138,9 @@ class Sample:
                 f"Sample fields misaligned: input_ids {n}, response_mask {len(self.response_mask)}, "
                 f"old_logprobs {len(self.old_logprobs)}"
             )
+        if self.sampled_with and len(self.sampled_with) != count_runs(self.response_mask):
+            raise ValueError(f"{len(self.sampled_with)} sampled_with records for "
+                             f"{count_runs(self.response_mask)} replies (runs of response_mask)")
         if self.branch and self.fork_id is None:
             raise ValueError("a branch sample needs the fork_id of the state it was forked in")
 
@@ -143,11 +153,85 @@ class Sample:
         return sum(self.response_mask)
 
 
-def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = False) -> dict[str, Any]:
+def token_temperatures(sample: Sample, default: float = 1.0) -> list[float]:
+    """The temperature to score each token of ``sample`` at: on each reply, the one it was drawn
+    at (`SampledWith.scoring_temperature`: 1 for a greedy draw), ``default`` where the sample
+    does not say; 1 on context tokens (never scored).
+
+    >>> s = Sample([1, 2, 3, 4, 5], [0, 1, 0, 1, 1], [0.0] * 5, 0.0, 0.0, 0.0, "g", "g/0",
+    ...            sampled_with=[SampledWith(temperature=0.3), SampledWith(temperature=0.0)])
+    >>> token_temperatures(s)
+    [1.0, 0.3, 1.0, 1.0, 1.0]
+    >>> token_temperatures(attrs.evolve(s, sampled_with=()), default=0.7)
+    [1.0, 0.7, 1.0, 0.7, 0.7]
+    """
+    out, run = [], -1
+    for i, m in enumerate(sample.response_mask):
+        if m and (i == 0 or not sample.response_mask[i - 1]):
+            run += 1
+        if not m:
+            out.append(1.0)
+        elif sample.sampled_with:
+            out.append(sample.sampled_with[run].scoring_temperature)
+        else:
+            out.append(default)
+    return out
+
+
+def sampling_counts(samples: Sequence[Sample], mask_abnormal: bool = False) -> dict[str, float]:
+    """How the trained tokens were drawn, counted over the response tokens that enter the loss.
+
+      sampling_recorded_tokens    tokens whose sample records how they were drawn
+      sampling_greedy_tokens      drawn at temperature 0 (a group of greedy replies is identical: no signal)
+      sampling_truncated_tokens   drawn under top-p/top-k: the trainer's full softmax cannot reproduce
+                                  the engine's renormalised log-probs for them
+      sampling_constrained_tokens drawn under an output constraint (masked logits, likewise)
+      sampling_stop_string_tokens in replies a stop string ended
+      sampling_temperature_mean   mean draw temperature of the recorded tokens (absent without any)
+      sampling_overridden_fields  agent requests' temperature/top_p/top_k the config overrode
+                                  (``agent_sampling: override``), over the batch's episodes; present
+                                  only where samples carry their handler's stats (proxy mode)
+
+    >>> s = Sample([1, 2, 3], [0, 1, 1], [0.0] * 3, 0.0, 0.0, 0.0, "g", "g/0",
+    ...            sampled_with=[SampledWith(temperature=0.5, top_p=0.9)])
+    >>> sampling_counts([s])["sampling_truncated_tokens"]
+    2.0
+    """
+    counts = dict.fromkeys(("recorded", "greedy", "truncated", "constrained", "stop_string"), 0.0)
+    temperature_sum = 0.0
+    for s in samples:
+        if not s.sampled_with or (mask_abnormal and not s.ok):
+            continue
+        run = -1
+        for i, m in enumerate(s.response_mask):
+            if not m:
+                continue
+            if i == 0 or not s.response_mask[i - 1]:
+                run += 1
+            drawn = s.sampled_with[run]
+            counts["recorded"] += 1
+            counts["greedy"] += drawn.temperature == 0
+            counts["truncated"] += drawn.truncated
+            counts["constrained"] += drawn.constrained
+            counts["stop_string"] += drawn.stopped_by_string
+            temperature_sum += drawn.temperature
+    out = {f"sampling_{k}_tokens": float(v) for k, v in counts.items()}
+    if counts["recorded"]:
+        out["sampling_temperature_mean"] = temperature_sum / counts["recorded"]
+    overrides = {s.traj_id: s.info["handler"].get("sampling_overrides", 0)
+                 for s in samples if isinstance(s.info.get("handler"), dict)}
+    if overrides:  # one count per episode (its samples share their handler's stats)
+        out["sampling_overridden_fields"] = float(sum(overrides.values()))
+    return out
+
+
+def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = False,
+            default_temperature: float = 1.0) -> dict[str, Any]:
     """Right-pad samples into tensors.
 
-    Returns input_ids, attention_mask, position_ids, response_mask, logprobs (B, L) tensors;
-    token_scores (B, L) with each sample's score on its last response token; scores,
+    Returns input_ids, attention_mask, position_ids, response_mask, logprobs, temperatures
+    (`token_temperatures`, ``default_temperature`` for samples that do not record theirs) (B, L)
+    tensors; token_scores (B, L) with each sample's score on its last response token; scores,
     episode_scores, step_scores, steps (B,) tensors; and group_ids, traj_ids, state_hashes lists.
     With `mask_abnormal`, samples of abnormally ended episodes get an all-zero response_mask.
     """
@@ -161,9 +245,11 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = Fa
     response_mask = torch.zeros((batch, length), dtype=torch.float32)
     logprobs = torch.zeros((batch, length), dtype=torch.float32)
     token_scores = torch.zeros((batch, length), dtype=torch.float32)
+    temperatures = torch.ones((batch, length), dtype=torch.float32)
     for i, s in enumerate(samples):
         n = len(s.input_ids)
         input_ids[i, :n] = torch.tensor(s.input_ids, dtype=torch.long)
+        temperatures[i, :n] = torch.tensor(token_temperatures(s, default_temperature), dtype=torch.float32)
         attention_mask[i, :n] = 1
         if not (mask_abnormal and not s.ok):
             response_mask[i, :n] = torch.tensor(s.response_mask, dtype=torch.float32)
@@ -177,6 +263,7 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = Fa
         "position_ids": position_ids,
         "response_mask": response_mask,
         "logprobs": logprobs,
+        "temperatures": temperatures,
         "token_scores": token_scores,
         "scores": torch.tensor([s.score for s in samples], dtype=torch.float32),
         "episode_scores": torch.tensor([s.episode_score for s in samples], dtype=torch.float32),

@@ -78,12 +78,13 @@ class StepEnvManager(EnvManager):
         samples = []
         for index, turn in enumerate(traj.turns):
             row = TokenRow.turn(turn.prompt_ids, turn.response_ids, turn.response_logprobs,
-                                self.close_turn(turn.response_ids))
+                                self.close_turn(turn.response_ids), turn.sampled_with)
             samples.append(
                 Sample(
                     input_ids=row.ids,
                     response_mask=row.mask,
                     old_logprobs=row.logprobs,
+                    sampled_with=row.sampled_with,
                     score=turn.reward,
                     episode_score=traj.episode_score,
                     step_score=turn.reward,

@@ -63,7 +63,7 @@ class TrajEnvManager(EnvManager):
         for turn in traj.turns:
             _check_prefix(row.ids, turn)
             bridge = turn.prompt_ids[len(row.ids) :]
-            row.context(bridge).generated(turn.response_ids, turn.response_logprobs)
+            row.context(bridge).generated(turn.response_ids, turn.response_logprobs, turn.sampled_with)
             row.context(self.close_turn(turn.response_ids))
         score = traj.episode_score
         return [
@@ -71,6 +71,7 @@ class TrajEnvManager(EnvManager):
                 input_ids=row.ids,
                 response_mask=row.mask,
                 old_logprobs=row.logprobs,
+                sampled_with=row.sampled_with,
                 score=score,
                 episode_score=score,
                 step_score=score,

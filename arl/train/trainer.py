@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 import math
 import time
 from typing import Any
@@ -39,6 +40,7 @@ from arl.config import ConfigError, RunExistsError, TrainConfig, unstructure
 from arl.engine import make_engine
 from arl.models import resolve_model
 from arl.rollout import Sample, collate
+from arl.rollout.records import sampling_counts
 from arl.rollout.factory import check_rollout, close_manager, make_manager, make_scheduler
 from arl.rollout.scheduler import check_batch
 from arl.train import episodes, lora
@@ -48,6 +50,8 @@ from arl.train.logging import MetricsLogger, plot_learning_curve
 from arl.train.precision import resolve_precision, weights_dtype
 from arl.train.run_dir import check_fresh, load_reference, save_reference
 from arl.train.update import policy_update
+
+log = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -82,6 +86,7 @@ class Trainer:
         self.resume = resume
         self._prefetch: asyncio.Future | None = None  # overlapped mode: the next step's rollout in flight
         self.step_count = 0
+        self._sampling_warned: set[str] = set()  # train/sampling_* conditions already logged once
         self.history: list[dict[str, float]] = []
         self.lora = config.lora.rank > 0  # train a LoRA adapter instead of every weight
         self.push_bytes = 0  # what the last weight push moved into the engine
@@ -280,15 +285,43 @@ class Trainer:
 
     # -- the policy update (blocking; runs in a worker thread) ------------------------------------
     def update(self, samples: list[Sample], advantages: np.ndarray) -> dict[str, float]:
-        """`arl.train.update.policy_update` on the collated batch, then one LR-schedule step."""
+        """`arl.train.update.policy_update` on the collated batch, then one LR-schedule step.
+
+        Each reply is scored at the temperature it was drawn at (its sample's ``sampled_with``; the
+        manager's configured one for samples that do not record it); ``train/sampling_*`` count what
+        the trainer cannot reproduce (`arl.rollout.records.sampling_counts`)."""
         c = self.config
-        batch = collate(samples, pad_id=self.tokenizer.pad_token_id or 0, mask_abnormal=c.rollout.mask_abnormal)
+        default_temperature = self.manager.config.temperature
+        batch = collate(samples, pad_id=self.tokenizer.pad_token_id or 0, mask_abnormal=c.rollout.mask_abnormal,
+                        default_temperature=default_temperature if default_temperature > 0 else 1.0)
         metrics = policy_update(
             self.model, self.optimizer, batch, advantages, algo=c.algo, optim=c.optim,
-            temperature=self.manager.config.temperature, rng=self.rng, ref_model=self.ref_model,
+            rng=self.rng, ref_model=self.ref_model,
         )
+        counts = sampling_counts(samples, mask_abnormal=c.rollout.mask_abnormal)
+        metrics.update({f"train/{k}": v for k, v in counts.items()})
+        self._warn_sampling_once(counts)
         self.lr_schedule.step()
         return metrics
+
+    def _warn_sampling_once(self, counts: dict[str, float]) -> None:
+        """Sampling that weakens what the run learns, logged the first time a run sees it (the
+        ``train/sampling_*`` metrics count it on every step)."""
+        warnings = {
+            "sampling_overridden_fields": "the agent asked for its own temperature/top_p/top_k and the config's "
+            "values were used instead (rollout.manager.agent_sampling=override); train/sampling_overridden_fields "
+            "counts it",
+            "sampling_greedy_tokens": "some replies were drawn greedily (temperature 0, e.g. the agent's own "
+            "setting under agent_sampling=honour): a group of greedy replies is identical and has no advantage "
+            "to learn from; train/sampling_greedy_tokens counts them",
+            "sampling_truncated_tokens": "some replies were drawn under top-p/top-k truncation, whose renormalised "
+            "log-probs the trainer's full softmax does not reproduce (the importance weight corrects the gap); "
+            "train/sampling_truncated_tokens counts them",
+        }
+        for key, text in warnings.items():
+            if counts.get(key, 0) > 0 and key not in self._sampling_warned:
+                self._sampling_warned.add(key)
+                log.warning("step %d: %s", self.step_count, text)
 
     async def push_weights(self, base: bool = False) -> None:
         """New policy weights into the engine (which also resets its prefix cache). Under LoRA only

@@ -2,7 +2,7 @@
 it in a worker thread).
 
     metrics = policy_update(model, optimizer, batch, advantages, algo=c.algo, optim=c.optim,
-                            temperature=T, rng=rng, ref_model=ref)
+                            rng=rng, ref_model=ref)
 
 For each of ``optim.epochs``, the rows are shuffled and split into ``optim.mini_batches``; each
 mini-batch is one optimizer step, its gradient accumulated over micro-batches of
@@ -11,7 +11,11 @@ response token (`predicting_positions`: prompt logits never enter the loss). The
 `arl.algo.policy_loss` (PPO-clip, k3 KL to ``ref_model``, entropy bonus, truncated importance
 weight between the trainer's and the engine's log-probs), normalised over the whole mini-batch
 (`loss_normalizers`) so accumulation equals one big batch. A step with a non-finite gradient norm
-is skipped, not applied. Every forward pass runs in ``optim.precision`` (`arl.train.precision`: bf16
+is skipped, not applied. Each token is scored at the temperature it was drawn at (the batch's
+per-token ``temperatures``, `arl.rollout.records.token_temperatures`), so the ratio and the
+importance weight compare the distribution the engine sampled with the trainer's same one. The
+entropy of the policy on the response tokens is measured on every step, with gradient only when
+the bonus is on (``algo.entropy_coef > 0``). Every forward pass runs in ``optim.precision`` (`arl.train.precision`: bf16
 autocast for full fine-tuning; the log-probs are fp32 from the logits in every precision).
 """
 
@@ -28,7 +32,7 @@ from arl.train.precision import forward_precision
 
 log = logging.getLogger(__name__)
 
-_ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "logprobs")
+_ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "logprobs", "temperatures")
 
 
 def policy_update(
@@ -39,24 +43,28 @@ def policy_update(
     *,
     algo: Any,
     optim: Any,
-    temperature: float,
     rng: np.random.Generator,
     ref_model: Any = None,
+    temperature: float = 1.0,
 ) -> dict[str, float]:
-    """Optimizer steps on one collated batch (`arl.rollout.collate`); returns ``train/*`` metrics."""
+    """Optimizer steps on one collated batch (`arl.rollout.collate`); returns ``train/*`` metrics.
+    ``temperature`` scores the tokens of a batch that carries no per-token ``temperatures``."""
     device = next(model.parameters()).device
     n = batch["input_ids"].shape[0]
+    if "temperatures" not in batch:
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (a greedy draw is scored at 1), got {temperature}")
+        batch = {**batch, "temperatures": torch.full(batch["input_ids"].shape, float(temperature))}
     adv = torch.tensor(advantages, dtype=torch.float32, device=device)
-    temperature = max(temperature, 1e-6)
     # PPO's "old" policy is the trainer's own log-probs of the sampled tokens before the update.
     # With one optimizer step per rollout they equal the current ones (ratio == 1, plain policy
     # gradient), so the extra forward pass is skipped and each micro-batch detaches its own.
     single_step = optim.mini_batches == 1 and optim.epochs == 1
     precision = optim.precision
     with torch.no_grad():
-        old = None if single_step else sequence_logprobs(model, batch, range(n), temperature, optim.micro_batch_size,
+        old = None if single_step else sequence_logprobs(model, batch, range(n), None, optim.micro_batch_size,
                                                           precision=precision)
-        ref = (sequence_logprobs(ref_model, batch, range(n), temperature, optim.micro_batch_size, precision=precision)
+        ref = (sequence_logprobs(ref_model, batch, range(n), None, optim.micro_batch_size, precision=precision)
                if ref_model else None)
     mask = batch["response_mask"]
     trained = [p for group in optimizer.param_groups for p in group["params"]]  # a LoRA run: the adapter only
@@ -73,10 +81,11 @@ def policy_update(
                 keep = predicting_positions(rows["response_mask"])
                 with forward_precision(model, precision):  # the backward needs no context
                     logits = response_logits(model, rows, keep)
-                logp = token_logprobs(logits, rows["input_ids"], temperature, positions=keep)
+                logp = token_logprobs(logits, rows["input_ids"], rows["temperatures"], positions=keep)
                 width = logp.shape[1]
-                entropy = (entropy_from_logits(logits, temperature, positions=keep, length=width)
-                           if algo.entropy_coef > 0 else None)
+                # measured always (the first curve to read for collapse); differentiated only for the bonus
+                with torch.set_grad_enabled(algo.entropy_coef > 0 and torch.is_grad_enabled()):
+                    entropy = entropy_from_logits(logits, rows["temperatures"], positions=keep, length=width)
                 loss, m = policy_loss(
                     logp, logp.detach() if old is None else old[idx, :width].to(device), adv[idx],
                     rows["response_mask"],
@@ -144,11 +153,12 @@ def mismatch_tail(trainer_logprobs: Any, engine_logprobs: Any, *, clip_eps_low: 
             "ratio_outside_clip_frac": float(outside.mean())}
 
 
-def sequence_logprobs(model: Any, batch: dict[str, Any], indices: Any, temperature: float,
+def sequence_logprobs(model: Any, batch: dict[str, Any], indices: Any, temperature: float | None,
                       micro_batch_size: int, *, precision: str = "fp32") -> torch.Tensor:
     """Log-probs of the response tokens of rows ``indices`` under ``model`` (forward in
     ``precision``), micro-batch by micro-batch, as a (B, L) fp32 CPU tensor aligned with the batch;
-    0 wherever no row of the micro-batch has a response token (prompts, padding)."""
+    0 wherever no row of the micro-batch has a response token (prompts, padding). Scored at the
+    batch's per-token ``temperatures`` when it has them, else at ``temperature``."""
     device = next(model.parameters()).device
     idx = np.fromiter(indices, dtype=np.int64)
     out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
@@ -157,7 +167,10 @@ def sequence_logprobs(model: Any, batch: dict[str, Any], indices: Any, temperatu
         keep = predicting_positions(rows["response_mask"])
         with forward_precision(model, precision):
             logits = response_logits(model, rows, keep)
-        lp = token_logprobs(logits, rows["input_ids"], temperature, positions=keep)
+        scale = rows["temperatures"] if "temperatures" in rows else temperature
+        if scale is None:
+            raise ValueError("a batch without per-token temperatures needs a temperature")
+        lp = token_logprobs(logits, rows["input_ids"], scale, positions=keep)
         out[idx[start : start + len(lp)], : lp.shape[1]] = lp.cpu()
     return out
 
@@ -173,7 +186,7 @@ def rows_of(batch: dict[str, Any], idx: Any, device: torch.device) -> dict[str, 
     """Rows ``idx`` of the padded batch, cut to their longest real length (less padding compute)."""
     idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
     width = int(batch["attention_mask"][idx].sum(dim=1).max())
-    return {k: batch[k][idx, :width].to(device) for k in _ROW_KEYS}
+    return {k: batch[k][idx, :width].to(device) for k in _ROW_KEYS if k in batch}
 
 
 __all__ = ["mismatch_tail", "policy_update", "response_logits", "rows_of", "sequence_logprobs"]

@@ -96,7 +96,9 @@ async def test_bf16_lora_keeps_only_the_adapter_in_fp32(tmp_path):
         after = params_of(trainer.model)
         moved = {n for n in before if not torch.equal(before[n], after[n])}
         assert {n for n in adapter if ".lora_B." in n} <= moved <= adapter  # the base never moves
-        assert metrics["train/kl"] == 0.0  # B was 0: the bf16 reference (adapter off) is the policy, bitwise
+        # B was 0: the bf16 reference (adapter off) is the policy, up to bf16 GEMMs rounding per batch
+        # shape (see the full fine-tuning test below): 0 on an AMD EPYC, 1e-8 on an Intel Xeon
+        assert metrics["train/kl"] < 2e-5
         states = _optimizer_states(trainer.optimizer)
         assert set(states) == {id(named[n]) for n in adapter}
         for state in states.values():
@@ -129,8 +131,10 @@ async def test_bf16_full_fine_tuning_autocasts_fp32_master_weights(tmp_path):
             assert all(t.dtype == torch.float32 for k, t in state.items() if k != "step")
         # The reference ran in the policy's precision: before the first update it is the policy, up
         # to bf16 GEMMs rounding per batch shape (its rows are batched in order, the update's shuffled;
-        # measured 4e-8). A reference run in fp32 beside the bf16 policy gives ~1e-4.
-        assert metrics["train/kl"] < 1e-6
+        # measured 4e-8 on a 2-core AMD EPYC with AVX512-BF16, 2.5e-6 on a 2-core Intel Xeon, whose
+        # bf16 kernels round differently per shape). A reference run in fp32 beside the bf16 policy
+        # gives ~1e-4: the bound sits well below that.
+        assert metrics["train/kl"] < 2e-5
         assert metrics["train/skipped_updates"] == 0
     from safetensors.torch import load_file
 
