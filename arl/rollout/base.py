@@ -32,6 +32,7 @@ from arl.engine.base import (
     Generation,
     InvalidPromptError,
     PromptTooLongError,
+    SampledWith,
     SamplingParams,
 )
 from arl.engine.prompt import PromptView
@@ -153,6 +154,11 @@ class EnvManager(abc.ABC):
         traj.timings["total"] = time.perf_counter() - start
         if not samples and traj.ok and not traj.turns:
             traj.status, traj.exit_reason = "NoData", "no_data"
+            # a normal end says nothing of why: without the reason it reads as a silent loss
+            # (ProxyEnvManager explains its own agents' NoData episodes before this point)
+            traj.error = traj.error or (
+                "the episode ended without a model call, so there is nothing to train on (for the traj and step "
+                "managers: a turn limit of 0, from ManagerConfig.max_turns or the env's max_steps)")
         for s in samples:  # one source of truth for how the episode ended
             s.exit_reason = traj.exit_reason
         return Episode(trajectory=traj, samples=samples)
@@ -181,6 +187,12 @@ class EnvManager(abc.ABC):
             # Stop at the template's end-of-turn too (it may differ from the tokenizer's EOS).
             stop_token_ids=tuple(end_of_turn_ids(self.tokenizer)[-1:]),
         )
+
+    @property
+    def sampled_with(self) -> SampledWith:
+        """How this manager's replies are drawn (`sampling_params` without its per-request seed)."""
+        c = self.config
+        return SampledWith(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k)
 
     def close_turn(self, response_ids: list[int]) -> list[int]:
         """End-of-turn tokens to append (masked) after a response the engine did not close itself,
@@ -244,6 +256,7 @@ class EnvManager(abc.ABC):
             finish_reason=gen.finish_reason,
             policy_version=gen.policy_version,
             info={k: v for k, v in info.items() if k != "raw_obs"},
+            sampled_with=self.sampled_with,
         )
         return turn, str(info.get("raw_obs", obs)), bool(terminated), bool(truncated)
 

@@ -23,7 +23,10 @@ a fault the handler saw (prompt too long -> "max_length"; engine error -> "engin
 rejected prompt -> "invalid_prompt") wins; else the runner's status / exit reason; a runner that
 raises, or reports a result that cannot be trained on (`EpisodeResult.problem`: a score that is
 NaN, infinite or past `MAX_ABS_SCORE`, too many steps) -> "agent_error" with score 0; past ``config.episode_timeout_s`` -> "timeout" (the runner's task is
-cancelled: `PushModeRunner` kills its process). Once the episode ended, its requests get 410.
+cancelled: `PushModeRunner` kills its process); an agent that finished (or reported "NoData")
+without one model call arl answered -> "no_data" with score 0 and success False, whatever it
+reported, and an error naming the likely causes (a client-side response cache, such as DSPy's
+default one; a client that is not the one it was given). Once the episode ended, its requests get 410.
 """
 
 from __future__ import annotations
@@ -87,6 +90,23 @@ def _result_problem(result: Any) -> str | None:
     return result.problem()
 
 
+def _no_call_error(result: EpisodeResult | None, runner: Any, refused: int) -> str:
+    """Why an episode whose agent finished made no model call arl answered, and what to do."""
+    reported = result or EpisodeResult()
+    what = (f"none of the agent's {refused} model calls was answered (each refused with a 400, e.g. a constraint "
+            "that did not compile, or left unfinished)" if refused else "no model call reached arl")
+    # One cause is an agent that called another server: name how it was told where the model is.
+    # Runners of agent programs say it (`PushModeRunner.model_address`: its variables; pull: its pipe).
+    given = getattr(runner, "model_address", None) or "the client passed to its runner"
+    own = f" The agent said: {reported.error}" if reported.error else ""
+    return (f"{what} in this episode, so there is nothing to train on; the agent's reported score "
+            f"{float(reported.score):g} (success {bool(reported.success)}) is not counted. Likely causes: a "
+            "client-side response cache answered the prompts (a group's members share a seed, hence their "
+            "prompts, and every evaluation replays the same panel): turn it off, e.g. dspy.LM(..., cache=False) "
+            "for DSPy, no litellm.cache for LiteLLM, no set_llm_cache for LangChain; or the agent did not use the "
+            f"base_url/client it was given ({given}) and called another server.{own}")
+
+
 # The episode of the current task, so `_samples_after_error` finds it after a timeout.
 _CURRENT: contextvars.ContextVar[list[_Episode]] = contextvars.ContextVar("arl_proxy_episode")
 
@@ -134,6 +154,7 @@ class ProxyEnvManager(EnvManager):
         self._http_client: Any = None
         self._active: set[str] = set()
         self.step_report_mismatches = 0  # episodes whose runner's step reports did not line up with its calls
+        self.no_call_episodes = 0  # episodes in which no model call reached arl (NoData, `_no_call_error`)
 
     # -- lifecycle (only the HTTP transport holds resources) --------------------------------------
     async def _ensure_server(self) -> ProxyServer:
@@ -210,7 +231,7 @@ class ProxyEnvManager(EnvManager):
         tracker = MessageTracker(self.tokenizer, chat_template_kwargs=self.chat_template_kwargs)
         handler = ChatHandler(
             self.engine, tracker, name=episode_key, max_model_len=self.max_model_len,
-            defaults=SamplingDefaults(c.max_tokens, c.temperature, c.top_p, c.top_k),
+            defaults=SamplingDefaults(c.max_tokens, c.temperature, c.top_p, c.top_k, c.agent_sampling),
             # the same per-call seeds TrajEnvManager uses, so proxy and traj samples can match
             seed_for=functools.partial(request_seed, c, spec) if c.sampling_seed is not None else None,
             generate=functools.partial(self.generate, traj),
@@ -219,6 +240,7 @@ class ProxyEnvManager(EnvManager):
         _CURRENT.get().append(state)
         self._active.add(episode_key)
         token = None
+        runner: Any = None
         try:
             client, token = await self._client_for(episode_key, handler)
             try:
@@ -242,6 +264,17 @@ class ProxyEnvManager(EnvManager):
             self._apply_result(traj, state.result)
         if handler.fault is not None:
             traj.status, traj.exit_reason, traj.error = handler.fault  # type: ignore[assignment]
+        elif not tracker.requests and (traj.ok or traj.exit_reason == "no_data"):
+            # The agent says how an episode went that arl never saw (typically a client-side cache
+            # replaying an earlier episode's replies): its score is no evidence of this policy, so
+            # it is not counted (metrics, success rate), and the error says what to look at.
+            traj.error = _no_call_error(state.result, runner, handler.calls)
+            traj.status, traj.exit_reason = "NoData", "no_data"
+            traj.episode_score, traj.success = 0.0, False
+            self.no_call_episodes += 1
+            if self.no_call_episodes == 1:  # training rows keep no error text: say it once
+                _log.warning("episode %s ended NoData: %s (said once per manager; rollout/exit/no_data counts "
+                             "such episodes)", spec.traj_id, traj.error)
         return self._build(state)
 
     def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
@@ -282,6 +315,7 @@ class ProxyEnvManager(EnvManager):
         keyed = sum(1 for t in traj.turns if t.info.get("state_key_source") in ("game", "observation"))
         common = {"seed": spec.seed, "tag": spec.tag, "num_turns": len(requests), "success": traj.success,
                   "num_branches": len(tracker.branches), "tracker": dict(tracker.stats),
+                  "handler": dict(state.handler.stats),
                   "state_keys_from_runner": keyed}
         if self.tracker_mode == "step":
             samples = []
@@ -321,6 +355,7 @@ class ProxyEnvManager(EnvManager):
             response_ids=list(r.response_ids), response_logprobs=list(r.logprobs), reward=report.reward,
             action=report.action, action_valid=report.action_valid,
             state_hash=key, finish_reason=r.finish_reason, policy_version=r.policy_version,
+            sampled_with=r.sampled_with,
             info={**report.info, "action": report.action, "action_valid": report.action_valid,
                   "branch": r.branch, "state_key_source": source, "step_report": alignment},
         )
@@ -329,7 +364,7 @@ class ProxyEnvManager(EnvManager):
                 valid: bool, state_hash: str | None, info: dict[str, Any]) -> Sample:
         return Sample(
             input_ids=t.input_ids, response_mask=t.response_mask, old_logprobs=t.logprobs, score=float(score),
-            episode_score=traj.episode_score,
+            sampled_with=t.sampled_with, episode_score=traj.episode_score,
             step_score=float(score) if self.tracker_mode == "step" else traj.episode_score,
             group_id=spec.group_id, traj_id=spec.traj_id, step=step, state_hash=state_hash,
             env_id=spec.env_id, exit_reason=traj.exit_reason, action_valid=valid,
