@@ -3,6 +3,12 @@
 `rollout/...` over the whole batch; `rollout/exit/<reason>` counts (every known exit reason,
 zeros included, and any other seen, so an abnormal end is never silent); `env/<env_id>/...` per
 environment; `timing/episode_..._mean_s`, means of the per-episode timings the managers record.
+
+A key is a measurement or it is absent (docs/metrics.md): a count is always there (zero counted
+is a measurement), a mean or a rate only over a set that is not empty, and a per-turn rate only over
+the turns whose env or runner reported that field. A rate of nothing, logged as 0, reads as "never";
+a default, logged as if reported, reads as a fact (before issue 43, a runner that reports no
+``action_effective`` made `rollout/action_effective_rate` 0 in every row).
 """
 
 from __future__ import annotations
@@ -12,55 +18,68 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from arl.rollout.base import Episode
-from arl.rollout.records import EXIT_REASONS
+from arl.rollout.records import EXIT_REASONS, Turn
 
 
-def _mean(xs: Sequence[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else 0.0
+def _mean(xs: Sequence[float]) -> float | None:
+    """The mean, or None over nothing: no value was measured, and 0 would read as one."""
+    return float(sum(xs) / len(xs)) if xs else None
 
 
-def _std(xs: Sequence[float]) -> float:
-    if len(xs) < 2:
-        return 0.0
-    m = _mean(xs)
+def _std(xs: Sequence[float]) -> float | None:
+    """Population std; 0 for one value (it has no spread), None for none."""
+    if not xs:
+        return None
+    m = sum(xs) / len(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+
+def _measured(metrics: dict[str, float | None]) -> dict[str, float]:
+    """The keys that hold a value: the others are left out, not logged as 0."""
+    return {k: v for k, v in metrics.items() if v is not None}
+
+
+def _reported(turns: Sequence[Turn], field: str) -> list[float]:
+    """``field`` of the turns whose env (or runner) reported it in ``info``, as 0/1."""
+    return [float(bool(t.info[field])) for t in turns if field in t.info]
 
 
 def _summary(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
     trajs = [e.trajectory for e in episodes]
     turns = [t for tr in trajs for t in tr.turns]
     scores = [tr.episode_score for tr in trajs]
-    return {
+    return _measured({
         f"{prefix}/num_episodes": float(len(trajs)),
         f"{prefix}/success_rate": _mean([float(tr.success) for tr in trajs]),
         f"{prefix}/mean_episode_score": _mean(scores),
         f"{prefix}/std_episode_score": _std(scores),
         f"{prefix}/mean_turns": _mean([float(len(tr.turns)) for tr in trajs]),
-        f"{prefix}/valid_action_rate": _mean([float(t.action_valid) for t in turns]),
+        # the validity the env or runner reported (`Turn.action_valid` defaults to False for a turn
+        # whose env says nothing about it: a custom gym env would read as 0% valid)
+        f"{prefix}/valid_action_rate": _mean(_reported(turns, "action_valid")),
         f"{prefix}/abnormal_rate": _mean([float(not tr.ok) for tr in trajs]),
-    }
+    })
 
 
 def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Namespaced float metrics of a batch of episodes (empty batch: counts are 0)."""
+    """Namespaced float metrics of a batch of episodes. Empty batch: the counts, all 0, and no
+    mean or rate (there is nothing to average)."""
     trajs = [e.trajectory for e in episodes]
     turns = [t for tr in trajs for t in tr.turns]
     samples = [s for e in episodes for s in e.samples]
     out = _summary(episodes, "rollout")
-    out.update(
+    out.update(_measured(
         {
             "rollout/num_samples": float(len(samples)),
             "rollout/num_turns": float(len(turns)),
             "rollout/response_tokens_mean": _mean([float(len(t.response_ids)) for t in turns]),
-            "rollout/response_tokens_max": float(max((len(t.response_ids) for t in turns), default=0)),
+            "rollout/response_tokens_max": float(max(len(t.response_ids) for t in turns)) if turns else None,
             "rollout/prompt_tokens_mean": _mean([float(len(t.prompt_ids)) for t in turns]),
             "rollout/sample_tokens_mean": _mean([float(len(s.input_ids)) for s in samples]),
             "rollout/response_clipped_rate": _mean([float(t.finish_reason == "length") for t in turns]),
-            "rollout/action_effective_rate": _mean(
-                [float(bool(t.info.get("action_effective", False))) for t in turns]
-            ),
+            "rollout/action_effective_rate": _mean(_reported(turns, "action_effective")),
         }
-    )
+    ))
     branches = [b for tr in trajs for b in tr.branches]
     if branches:  # forked anchor groups (arl.rollout.fork): what the branches cost beside the trunks
         forked = {b.fork_id for b in branches}

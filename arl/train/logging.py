@@ -285,7 +285,7 @@ def plot_learning_curve(
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
-        if key.endswith("_rate"):  # rates on a fixed 0..1 axis so runs and figures compare
+        if key.rsplit("/", 1)[-1].endswith(("_rate", "_frac")):  # fractions on a fixed 0..1 axis (docs/metrics.md)
             ax.set_ylim(-0.02, 1.02)
         if len(runs) > 1:
             ax.legend(fontsize=8)

@@ -86,12 +86,10 @@ async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = No
             await close_manager(manager)
         if own_teacher:
             await teacher.close()
-    return {
-        "sft/loss_first": float(losses[0]) if losses else float("nan"),
-        "sft/loss_last": float(np.mean(losses[-5:])) if losses else float("nan"),
-        "sft/steps": float(len(losses)),
-        "timing/sft_s": time.perf_counter() - start,
-    }
+    out = {"sft/steps": float(len(losses)), "timing/sft_s": time.perf_counter() - start}
+    if losses:  # no step, no loss: absent, not NaN (a metric is measured or absent)
+        out.update({"sft/loss_first": float(losses[0]), "sft/loss_last": float(np.mean(losses[-5:]))})
+    return out
 
 
 def _sft_update(model: Any, optimizer: Any, samples: list, trainer: Any, c: Any) -> float:
