@@ -48,7 +48,7 @@ from arl.train.canary import SyncCanary, WeightSyncError
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from arl.train.logging import MetricsLogger, plot_learning_curve
 from arl.train.precision import resolve_precision, weights_dtype
-from arl.train.run_dir import check_fresh, load_reference, save_reference
+from arl.train.run_dir import check_fresh, load_reference, save_config, save_reference
 from arl.train.update import policy_update
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,7 @@ class Trainer:
             self._owned_managers.append(self.val_manager)
         self.groups = make_scheduler(c.rollout, c.seed)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(self.run_dir, self.config)  # the resolved config, beside what it produced (`arl view` reads it)
         ckpt = latest_checkpoint(self.run_dir) if self.resume else None
         new_base = False  # the engine's base weights are not the model it started from
         if ckpt is not None:
