@@ -79,6 +79,13 @@ class TokenRow:
         return () if any(d is None for d in self.draws) else tuple(self.draws)  # type: ignore[arg-type]
 
     @classmethod
+    def whole(cls, ids: list[int], mask: list[int], logprobs: list[float],
+              sampled_with: Sequence[SampledWith] = ()) -> TokenRow:
+        """A finished row given as its three lists (not copied), e.g. a chat tracker's sample, and
+        how its replies were drawn as `sampled_with` reads it back: one per reply, or empty."""
+        return cls(ids, mask, logprobs, list(sampled_with) or [None] * count_runs(mask))
+
+    @classmethod
     def turn(cls, prompt: Sequence[int], response: Sequence[int], logprobs: Sequence[float],
              closing: Sequence[int] = (), sampled_with: SampledWith | None = None) -> TokenRow:
         """One model call as a row: its prompt, the sampled response, the closing tokens."""

@@ -104,7 +104,6 @@ from anyio.abc import TaskGroup
 
 from arl.config import ManagerConfig
 from arl.engine.base import Generation, SamplingParams
-from arl.engine.tokens import TokenRow
 from arl.envs.fork import NotForkableError, fork_env
 from arl.rollout.base import EpisodeSpec
 from arl.rollout.records import Branch, Sample, Trajectory, Turn
@@ -273,31 +272,12 @@ class ForkEnvManager(StepEnvManager):
         """The forked action of ``branch``: the fork's prompt + its completion, scored by its step
         reward; ``episode_score`` is the episode it completes (the trunk's rewards before the fork,
         then the branch's), for reading only: no estimator counts a branch as an episode."""
-        first = branch.turns[0]
-        row = TokenRow.turn(first.prompt_ids, first.response_ids, first.response_logprobs,
-                            self.close_turn(first.response_ids), first.sampled_with)
         prefix = sum(turn.reward for turn in traj.turns[: branch.step])
-        return Sample(
-            input_ids=row.ids,
-            response_mask=row.mask,
-            old_logprobs=row.logprobs,
-            sampled_with=row.sampled_with,
-            score=first.reward,
+        return self.turn_sample(
+            spec, traj, branch.turns[0], branch.step, traj_id=branch.traj_id,
             episode_score=prefix + sum(branch.rewards),
-            step_score=first.reward,
-            group_id=spec.group_id,
-            traj_id=branch.traj_id,
-            step=branch.step,
-            state_hash=first.state_hash,
-            env_id=spec.env_id,
-            exit_reason=traj.exit_reason,
-            action_valid=first.action_valid,
-            policy_version=first.policy_version,
-            info={"mode": self.mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(branch.turns),
-                  "success": branch.success, "branch_exit_reason": branch.exit_reason},
-            fork_id=branch.fork_id,
-            fork_rewards=tuple(branch.rewards),
-            branch=True,
+            info={"num_turns": len(branch.turns), "success": branch.success, "branch_exit_reason": branch.exit_reason},
+            fork_id=branch.fork_id, fork_rewards=branch.rewards, branch=True,
         )
 
     def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:

@@ -44,6 +44,7 @@ import attrs
 from arl.agents.gym_runner import GymRunner
 from arl.agents.runner import AgentRunner, EpisodeResult, StepReport
 from arl.config import ManagerConfig
+from arl.engine.tokens import TokenRow
 from arl.envs.game import state_hash
 from arl.intercept.client import InProcessClient
 from arl.intercept.handler import ChatHandler, SamplingDefaults
@@ -313,8 +314,7 @@ class ProxyEnvManager(EnvManager):
         aligned = alignment in ("exact", "last_missing")
         traj.turns = [self._turn(r, reports[i], alignment) for i, r in enumerate(requests)]
         keyed = sum(1 for t in traj.turns if t.info.get("state_key_source") in ("game", "observation"))
-        common = {"seed": spec.seed, "tag": spec.tag, "num_turns": len(requests), "success": traj.success,
-                  "num_branches": len(tracker.branches), "tracker": dict(tracker.stats),
+        common = {"num_branches": len(tracker.branches), "tracker": dict(tracker.stats),
                   "handler": dict(state.handler.stats),
                   "state_keys_from_runner": keyed}
         if self.tracker_mode == "step":
@@ -362,15 +362,9 @@ class ProxyEnvManager(EnvManager):
 
     def _sample(self, spec: EpisodeSpec, traj: Trajectory, t: TrackedSample, *, score: float, step: int,
                 valid: bool, state_hash: str | None, info: dict[str, Any]) -> Sample:
-        return Sample(
-            input_ids=t.input_ids, response_mask=t.response_mask, old_logprobs=t.logprobs, score=float(score),
-            sampled_with=t.sampled_with, episode_score=traj.episode_score,
-            step_score=float(score) if self.tracker_mode == "step" else traj.episode_score,
-            group_id=spec.group_id, traj_id=spec.traj_id, step=step, state_hash=state_hash,
-            env_id=spec.env_id, exit_reason=traj.exit_reason, action_valid=valid,
-            policy_version=t.policy_version,
-            info={**info, "mode": self.mode, "branch": t.branch, "requests": list(t.requests)},
-        )
+        return Sample.of(spec, traj, TokenRow.whole(t.input_ids, t.response_mask, t.logprobs, t.sampled_with),
+                         mode=self.mode, score=float(score), step=step, state_hash=state_hash, action_valid=valid,
+                         policy_version=t.policy_version, info={**info, "branch": t.branch, "requests": list(t.requests)})
 
 
 __all__ = ["ProxyEnvManager", "RunnerFactory", "gym_runner_factory"]

@@ -9,13 +9,16 @@ trajectory's env, and one Sample per branch: its forked action, in the trunk's s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from arl.agents.runner import RunnerStatus
 from arl.engine.base import SampledWith
-from arl.engine.tokens import count_runs
+from arl.engine.tokens import TokenRow, count_runs
+
+if TYPE_CHECKING:
+    from arl.rollout.base import EpisodeSpec
 
 # Why an episode ended. Normal: the game ended or its step limit hit. Abnormal: everything else;
 # abnormal episodes can be masked out of the loss (`collate(..., mask_abnormal=True)`).
@@ -143,6 +146,29 @@ class Sample:
                              f"{count_runs(self.response_mask)} replies (runs of response_mask)")
         if self.branch and self.fork_id is None:
             raise ValueError("a branch sample needs the fork_id of the state it was forked in")
+
+    @classmethod
+    def of(
+        cls, spec: EpisodeSpec, traj: Trajectory, row: TokenRow, *, mode: str, score: float,
+        action_valid: bool, policy_version: int, step: int = 0, state_hash: str | None = None,
+        traj_id: str | None = None, episode_score: float | None = None, info: dict[str, Any] | None = None,
+        fork_id: str | None = None, fork_rewards: Sequence[float] = (), branch: bool = False,
+    ) -> Sample:
+        """The one way a manager makes a Sample: ``row``'s tokens, loss mask, log-probs and draws,
+        credited with ``score`` (also its ``step_score``), in ``spec``'s group, env and trajectory
+        (``traj_id``: another, a branch's) and ``traj``'s exit and episode score (``episode_score``:
+        another, a branch's). ``info`` holds ``mode`` and the episode's seed, tag, number of turns and
+        success, then ``info``'s own entries (which may replace them)."""
+        return cls(
+            input_ids=row.ids, response_mask=row.mask, old_logprobs=row.logprobs, sampled_with=row.sampled_with,
+            score=score, episode_score=traj.episode_score if episode_score is None else episode_score,
+            step_score=score, group_id=spec.group_id, traj_id=spec.traj_id if traj_id is None else traj_id,
+            step=step, state_hash=state_hash, env_id=spec.env_id, exit_reason=traj.exit_reason,
+            action_valid=action_valid, policy_version=policy_version,
+            info={"mode": mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(traj.turns),
+                  "success": traj.success, **(info or {})},
+            fork_id=fork_id, fork_rewards=fork_rewards, branch=branch,
+        )
 
     @property
     def ok(self) -> bool:

@@ -75,29 +75,12 @@ class StepEnvManager(EnvManager):
         return self._build_samples(spec, traj)
 
     def _build_samples(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
-        samples = []
-        for index, turn in enumerate(traj.turns):
-            row = TokenRow.turn(turn.prompt_ids, turn.response_ids, turn.response_logprobs,
-                                self.close_turn(turn.response_ids), turn.sampled_with)
-            samples.append(
-                Sample(
-                    input_ids=row.ids,
-                    response_mask=row.mask,
-                    old_logprobs=row.logprobs,
-                    sampled_with=row.sampled_with,
-                    score=turn.reward,
-                    episode_score=traj.episode_score,
-                    step_score=turn.reward,
-                    group_id=spec.group_id,
-                    traj_id=spec.traj_id,
-                    step=index,
-                    state_hash=turn.state_hash,
-                    env_id=spec.env_id,
-                    exit_reason=traj.exit_reason,
-                    action_valid=turn.action_valid,
-                    policy_version=turn.policy_version,
-                    info={"mode": self.mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(traj.turns),
-                          "success": traj.success},
-                )
-            )
-        return samples
+        return [self.turn_sample(spec, traj, turn, index) for index, turn in enumerate(traj.turns)]
+
+    def turn_sample(self, spec: EpisodeSpec, traj: Trajectory, turn: Turn, step: int, **differences: Any) -> Sample:
+        """One turn as a sample: its prompt, its reply (closed), credited with its reward; the fork
+        manager's branch rows give their ``differences`` (`Sample.of`'s keywords)."""
+        row = TokenRow.turn(turn.prompt_ids, turn.response_ids, turn.response_logprobs,
+                            self.close_turn(turn.response_ids), turn.sampled_with)
+        return Sample.of(spec, traj, row, mode=self.mode, score=turn.reward, step=step, state_hash=turn.state_hash,
+                         action_valid=turn.action_valid, policy_version=turn.policy_version, **differences)

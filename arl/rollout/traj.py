@@ -65,28 +65,9 @@ class TrajEnvManager(EnvManager):
             bridge = turn.prompt_ids[len(row.ids) :]
             row.context(bridge).generated(turn.response_ids, turn.response_logprobs, turn.sampled_with)
             row.context(self.close_turn(turn.response_ids))
-        score = traj.episode_score
-        return [
-            Sample(
-                input_ids=row.ids,
-                response_mask=row.mask,
-                old_logprobs=row.logprobs,
-                sampled_with=row.sampled_with,
-                score=score,
-                episode_score=score,
-                step_score=score,
-                group_id=spec.group_id,
-                traj_id=spec.traj_id,
-                step=0,
-                state_hash=None,
-                env_id=spec.env_id,
-                exit_reason=traj.exit_reason,
-                action_valid=all(t.action_valid for t in traj.turns),
-                policy_version=min(t.policy_version for t in traj.turns),
-                info={"mode": self.mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(traj.turns),
-                      "success": traj.success},
-            )
-        ]
+        return [Sample.of(spec, traj, row, mode=self.mode, score=traj.episode_score,
+                          action_valid=all(t.action_valid for t in traj.turns),
+                          policy_version=min(t.policy_version for t in traj.turns))]
 
 
 def _check_prefix(ids: list[int], turn: Turn) -> None:
