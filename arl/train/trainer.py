@@ -226,7 +226,8 @@ class Trainer:
         sync_metrics: dict[str, float] = {}
         if self.canary is not None and (self.step_count + 1) % c.canary_every == 0:
             sync_metrics = await self.canary.check(self.pushed, f"step {self.step_count + 1}")
-            sync_metrics["timing/canary_s"] = time.perf_counter() - t_push
+            if sync_metrics:  # a canary that switched itself off measured nothing, so took no time worth a row
+                sync_metrics["timing/canary_s"] = time.perf_counter() - t_push
 
         self.step_count += 1
         metrics = dict(batch.metrics)
@@ -239,11 +240,12 @@ class Trainer:
         metrics.update({
             "timing/rollout_s": t_rollout - t0,  # overlapped: the wait for a batch collected meanwhile
             "timing/advantages_s": t_adv - t_rollout,
-            "timing/update_s": t_update - t_sleep,
             "timing/weight_push_s": t_push - t_wake,
             "train/lr": self.lr_schedule.get_last_lr()[0],
             "train/policy_version": float(self.step_count),  # updates applied (engine counters restart on resume)
         })
+        if samples:  # a batch with nothing to train on skips the update: no time to report
+            metrics["timing/update_s"] = t_update - t_sleep
         if c.engine.sleep_mode:
             metrics["timing/engine_sleep_s"] = t_sleep - t_adv
             metrics["timing/engine_wake_s"] = t_wake - t_update
@@ -265,10 +267,11 @@ class Trainer:
             delta = {k: v - before[k] for k, v in stats().items()}
             queries = delta["prefix_cache_queries"]
             batch.metrics["rollout/prefix_cache_query_tokens"] = float(queries)
-            batch.metrics["rollout/prefix_cache_hit_rate"] = delta["prefix_cache_hits"] / queries if queries else 0.0
+            if queries:  # a rate over no look-ups is no measurement
+                batch.metrics["rollout/prefix_cache_hit_rate"] = delta["prefix_cache_hits"] / queries
             batch.metrics["rollout/engine_steps"] = float(delta["engine_steps"])
-            # ~1: the engine bounded the rollout; well below: it waited on envs, agents or the loop
-            batch.metrics["rollout/engine_busy_frac"] = delta["engine_busy_s"] / wall if wall > 0 else 0.0
+            if wall > 0:  # ~1: the engine bounded the rollout; well below: it waited on envs, agents or the loop
+                batch.metrics["rollout/engine_busy_frac"] = delta["engine_busy_s"] / wall
         return batch
 
     async def _cancel_prefetch(self) -> None:

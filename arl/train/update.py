@@ -69,12 +69,16 @@ def policy_update(
     mask = batch["response_mask"]
     trained = [p for group in optimizer.param_groups for p in group["params"]]  # a LoRA run: the adapter only
     metrics: dict[str, list[float]] = {}
+    # with one optimizer step per rollout the old policy is the current one: these four are 0 or 1
+    # by arithmetic, not measurements, so they are not reported (measured or absent)
+    by_arithmetic = ("approx_kl", "clip_frac", "ratio_mean", "ratio_max") if single_step else ()
     tail: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # (trainer, engine) per response token
     skipped = 0
     for epoch in range(optim.epochs):
         for mini in np.array_split(rng.permutation(n), optim.mini_batches):
             norms = loss_normalizers(mask[mini])
             optimizer.zero_grad(set_to_none=True)
+            mini_loss = 0.0  # each micro-batch's loss is its share of the mini-batch's: they add up
             for start in range(0, len(mini), optim.micro_batch_size):
                 idx = mini[start : start + optim.micro_batch_size]
                 rows = rows_of(batch, idx, device)
@@ -100,8 +104,11 @@ def policy_update(
                     behind = logp.detach() if old is None else old[idx, :width].to(device)
                     tail[0].append(behind[on].cpu())
                     tail[1].append(rows["logprobs"][on].float().cpu())
+                mini_loss += float(m.pop("loss"))
                 for k, val in m.items():
-                    metrics.setdefault(k, []).append(float(val))
+                    if k not in by_arithmetic:
+                        metrics.setdefault(k, []).append(float(val))
+            metrics.setdefault("loss", []).append(mini_loss)
             grad_norm = torch.nn.utils.clip_grad_norm_(trained, optim.grad_clip or float("inf"))
             if not torch.isfinite(grad_norm):  # a NaN/inf update would poison the policy: skip it
                 log.error("skipping an update with non-finite gradient norm %s", float(grad_norm))
@@ -132,7 +139,8 @@ def mismatch_tail(trainer_logprobs: Any, engine_logprobs: Any, *, clip_eps_low: 
                                update has moved the policy at all
 
     ``trainer_logprobs`` are the trainer's log-probs of the sampled tokens before the update (PPO's
-    old policy), ``engine_logprobs`` the engine's, at the same temperature. No tokens: both 0.
+    old policy), ``engine_logprobs`` the engine's, at the same temperature. No tokens: nothing to
+    measure, so no keys.
 
     Gaps [0, 0, 0.5, 1]: the 0.99-quantile lies 97% of the way from 0.5 to 1; ratios exp(0.5) = 1.65
     and exp(-1) = 0.37 leave [0.8, 1.2]:
@@ -145,7 +153,7 @@ def mismatch_tail(trainer_logprobs: Any, engine_logprobs: Any, *, clip_eps_low: 
     if ours.shape != theirs.shape or ours.ndim != 1:
         raise ValueError(f"{ours.shape} trainer log-probs against {theirs.shape} engine log-probs")
     if ours.size == 0:
-        return {"logprob_gap_p99": 0.0, "ratio_outside_clip_frac": 0.0}
+        return {}
     log_ratio = ours - theirs
     ratio = np.exp(np.minimum(log_ratio, 50.0))  # overflow only past any meaning; the fraction is unchanged
     outside = (ratio < 1.0 - clip_eps_low) | (ratio > 1.0 + clip_eps_high)
