@@ -38,7 +38,7 @@ from arl.engine.base import (
 from arl.engine.prompt import PromptView
 from arl.envs.game import anchor_key
 from arl.intercept.template import bridge_ids, chat_ids, end_of_turn_ids
-from arl.rollout.records import Sample, Trajectory, Turn
+from arl.rollout.records import EpisodeSpec, Sample, Trajectory, Turn
 
 __all__ = [
     "EnvError",
@@ -51,21 +51,6 @@ __all__ = [
     "end_of_turn_ids",
     "request_seed",
 ]
-
-
-@attrs.frozen
-class EpisodeSpec:
-    """One episode to play. Every member of a group has the same `seed` and `group_id`."""
-
-    env_id: str  # gymnasium id, e.g. "arl/FrozenLake-v0"
-    seed: int  # env seed; equal for all members of a group
-    group_id: str  # "{tag}_{group_index}_{group_seed}", shared by the group
-    episode_id: int  # member index inside the group
-    tag: str = "train"  # "train" | "val" | user tags
-
-    @property
-    def traj_id(self) -> str:
-        return f"{self.group_id}/{self.episode_id}"
 
 
 @attrs.define

@@ -1,7 +1,8 @@
-"""Typed records of a rollout: Turn -> Trajectory -> Sample, and `collate()` into tensors.
+"""Typed records of a rollout: EpisodeSpec -> Turn -> Trajectory -> Sample, and `collate()` into tensors.
 
-A Trajectory is what happened (the env's view); a Sample is what the trainer eats (the token
-view). Trajectory-level managers make one Sample per episode, step-level managers one per turn.
+An EpisodeSpec is what to play; a Trajectory is what happened (the env's view); a Sample is what
+the trainer eats (the token view), built by `Sample.of` in every manager. Trajectory-level
+managers make one Sample per episode, step-level managers one per turn.
 A forking step manager (`arl.rollout.fork`) also records the Branches it played from copies of a
 trajectory's env, and one Sample per branch: its forked action, in the trunk's state and prompt.
 """
@@ -9,16 +10,13 @@ trajectory's env, and one Sample per branch: its forked action, in the trunk's s
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from arl.agents.runner import RunnerStatus
 from arl.engine.base import SampledWith
 from arl.engine.tokens import TokenRow, count_runs
-
-if TYPE_CHECKING:
-    from arl.rollout.base import EpisodeSpec
 
 # Why an episode ended. Normal: the game ended or its step limit hit. Abnormal: everything else;
 # abnormal episodes can be masked out of the loss (`collate(..., mask_abnormal=True)`).
@@ -33,6 +31,21 @@ EXIT_REASONS = NORMAL_EXITS | {
     "invalid_prompt",  # the engine rejected the prompt
     "no_data",  # the agent finished without producing a single model call
 }
+
+
+@attrs.frozen
+class EpisodeSpec:
+    """One episode to play. Every member of a group has the same `seed` and `group_id`."""
+
+    env_id: str  # gymnasium id, e.g. "arl/FrozenLake-v0"
+    seed: int  # env seed; equal for all members of a group
+    group_id: str  # "{tag}_{group_index}_{group_seed}", shared by the group
+    episode_id: int  # member index inside the group
+    tag: str = "train"  # "train" | "val" | user tags
+
+    @property
+    def traj_id(self) -> str:
+        return f"{self.group_id}/{self.episode_id}"
 
 
 @attrs.define
