@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import attrs
 import cattrs
@@ -134,13 +134,20 @@ class ManagerConfig:
             raise ValueError("system_prompt applies to prompt_style 'compact' only (the full style sends its own)")
 
 
+Transport = Literal["inprocess", "http"]  # rollout.proxy.transport: a function call | the HTTP proxy server
+TrackerMode = Literal["traj", "step"]  # rollout.proxy.tracker_mode: a sample per conversation branch | per model call
+
+
 @attrs.define
 class ProxyConfig:
-    """How ``mode: proxy`` runs agent code (the runners: `arl.rollout.factory`'s docstring)."""
+    """How ``mode: proxy`` runs agent code (the runners: `arl.rollout.factory`'s docstring). Its
+    defaults are `arl.rollout.proxy.ProxyEnvManager`'s too."""
 
     runner: str = "gym"  # gym | tool | push | pull | "package.module:factory"
-    transport: str = attrs.field(default="inprocess", validator=v.in_(("inprocess", "http")))
-    tracker_mode: str = attrs.field(default="step", validator=v.in_(("traj", "step")))
+    transport: str = attrs.field(default="inprocess", validator=v.in_(get_args(Transport)))
+    # step: one exact sample per model call, its prompt as the agent sent it, which fits every agent
+    # (one that rewrites its history too) and gives GiGPO its steps
+    tracker_mode: str = attrs.field(default="step", validator=v.in_(get_args(TrackerMode)))
     keep_branches: str = attrs.field(default="all", validator=v.in_(("all", "longest")))
     runner_kwargs: dict[str, Any] = attrs.Factory(dict)  # passed to the runner factory
     # Does the agent send `tools` / get tool calls back? auto: gym is a text agent, any other runner

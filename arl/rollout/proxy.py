@@ -11,7 +11,8 @@ key) — hands the client to ``runner_factory(client, spec)`` and awaits
 
 After the episode the tracker yields the samples: ``tracker_mode="traj"`` one per branch (see
 `MessageTracker` for forks; ``keep_branches="longest"`` keeps one) scored with the runner's
-episode score; ``"step"`` one per model call, scored with the runner's ``step_scores`` when it
+episode score; ``"step"`` (the default, as in ``rollout.proxy``: `arl.config.ProxyConfig` holds
+the manager's defaults) one per model call, scored with the runner's ``step_scores`` when it
 reports one per call (else the episode score). GiGPO's state key is the hash of the game's
 ``state_key()`` the runner reports per step (``EpisodeResult.step_infos[i]["state_key"]``;
 GymRunner and ToolCallRunner do), the same key the step manager uses; it falls back to the hash
@@ -36,14 +37,14 @@ import functools
 import logging
 import secrets
 import traceback
-from typing import Any, Literal
+from typing import Any, get_args
 
 import anyio
 import attrs
 
 from arl.agents.gym_runner import GymRunner
 from arl.agents.runner import AgentRunner, EpisodeResult, StepReport
-from arl.config import ManagerConfig
+from arl.config import ManagerConfig, ProxyConfig, TrackerMode, Transport
 from arl.engine.tokens import TokenRow
 from arl.envs.game import state_hash
 from arl.intercept.client import InProcessClient
@@ -54,7 +55,7 @@ from arl.rollout.base import EnvManager, Episode, EpisodeSpec, request_seed
 from arl.rollout.records import EXIT_REASONS, Sample, Trajectory, Turn
 from arl.rollout.runners import RunnerBinder, RunnerFactory, gym_runner
 
-Transport = Literal["inprocess", "http"]
+_DEFAULTS = ProxyConfig()  # the manager's defaults are rollout.proxy's: one place for each
 
 _log = logging.getLogger(__name__)
 
@@ -121,19 +122,19 @@ class ProxyEnvManager(EnvManager):
         config: ManagerConfig | None = None,
         runner_factory: RunnerFactory | None = None,
         *,
-        transport: Transport = "inprocess",
-        tracker_mode: Literal["traj", "step"] = "traj",
-        keep_branches: Keep = "all",
+        transport: Transport = _DEFAULTS.transport,  # type: ignore[assignment]
+        tracker_mode: TrackerMode = _DEFAULTS.tracker_mode,  # type: ignore[assignment]
+        keep_branches: Keep = _DEFAULTS.keep_branches,  # type: ignore[assignment]
         server: ProxyServer | None = None,
         model_name: str = "arl",
         chat_template_kwargs: dict[str, Any] | None = None,
         runner_for: RunnerBinder | None = None,
     ) -> None:
         super().__init__(engine, config)
-        if transport not in ("inprocess", "http"):
-            raise ValueError(f"transport must be 'inprocess' or 'http', got {transport!r}")
-        if tracker_mode not in ("traj", "step"):
-            raise ValueError(f"tracker_mode must be 'traj' or 'step', got {tracker_mode!r}")
+        if transport not in get_args(Transport):
+            raise ValueError(f"transport must be one of {get_args(Transport)}, got {transport!r}")
+        if tracker_mode not in get_args(TrackerMode):
+            raise ValueError(f"tracker_mode must be one of {get_args(TrackerMode)}, got {tracker_mode!r}")
         if runner_factory is not None and runner_for is not None:
             raise ValueError("give runner_factory or runner_for, not both")
         if runner_factory is None and runner_for is None:

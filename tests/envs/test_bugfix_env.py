@@ -223,7 +223,8 @@ async def test_bugfix_runner_through_the_proxy(tiny_tokenizer, transport):
     config = ManagerConfig(max_tokens=256, env_kwargs={"isolation": "auto"})
     done: dict[int, float] = {}
     start = time.monotonic()
-    async with ProxyEnvManager(engine, config, transport=transport, runner_for=bind_runner(bugfix_runner)) as manager:
+    async with ProxyEnvManager(engine, config, transport=transport, runner_for=bind_runner(bugfix_runner),
+                               tracker_mode="traj") as manager:
         async def play(seed):
             episode = await manager.run_episode(EpisodeSpec("arl/BugFix-v0", seed, f"train_0_{seed}", 0))
             done[seed] = time.monotonic()

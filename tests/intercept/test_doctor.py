@@ -376,9 +376,9 @@ def test_check_rollout_refuses_only_what_the_agent_needs(smollm2_like):
             assert "rollout.proxy.tools=false" in message and "arl doctor smollm2-135m" in message
     # an injected proxy manager: its agent is not known, so the config says (default: text)
     engine = ScriptedEngine(smollm2_like)
-    assert check_rollout(smollm2_like, RolloutConfig(), ProxyEnvManager(engine))
+    assert check_rollout(smollm2_like, RolloutConfig(), ProxyEnvManager(engine, tracker_mode="traj"))
     with pytest.raises(TemplateDriftError, match="with a tool agent"):
-        check_rollout(smollm2_like, proxy(tools=True), ProxyEnvManager(engine))
+        check_rollout(smollm2_like, proxy(tools=True), ProxyEnvManager(engine, tracker_mode="traj"))
 
 
 @pytest.mark.anyio

@@ -65,7 +65,8 @@ async def test_in_process_runner_with_non_finite_score_is_an_agent_error(fake_en
 
 
 async def test_runner_returning_no_episode_result_is_an_agent_error(fake_engine):
-    manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec: Reporting(client, {"score": 1.0}))
+    manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec: Reporting(client, {"score": 1.0}),
+                              tracker_mode="traj")
     episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
     assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("Failed", "agent_error")
     assert "EpisodeResult" in episode.trajectory.error

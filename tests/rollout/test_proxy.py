@@ -40,7 +40,7 @@ def scripted(tiny_tokenizer):
 @pytest.mark.parametrize("env_id", ["arl/FrozenLake-v0", "arl/Sokoban-v0"])
 async def test_same_samples_as_traj_manager(scripted, transport, env_id):
     config = ManagerConfig(max_tokens=24)
-    async with ProxyEnvManager(scripted, config, transport=transport) as proxy:
+    async with ProxyEnvManager(scripted, config, transport=transport, tracker_mode="traj") as proxy:
         for seed, member in [(0, 0), (1, 2), (5, 1)]:
             s = spec(env_id, seed, member)
             want = await TrajEnvManager(scripted, config).run_episode(s)
@@ -56,7 +56,7 @@ async def test_max_length_matches_traj_manager(scripted):
     config = ManagerConfig(max_tokens=24, max_model_len=700)
     s = spec("arl/Sokoban-v0", 2)
     want = await TrajEnvManager(scripted, config).run_episode(s)
-    got = await ProxyEnvManager(scripted, config).run_episode(s)
+    got = await ProxyEnvManager(scripted, config, tracker_mode="traj").run_episode(s)
     assert want.trajectory.exit_reason == got.trajectory.exit_reason == "max_length"
     assert got.trajectory.status == "Finished"
     assert [fields(x) for x in got.samples] == [fields(x) for x in want.samples]
@@ -96,7 +96,7 @@ def smollm2_tokenizer():
 async def test_token_exact(tiny_tokenizer, model):
     tok = tiny_tokenizer if model == "tiny" else smollm2_tokenizer()
     engine = ScriptedEngine(tok, invalid_rate=0.3, seed=2)
-    manager = ProxyEnvManager(engine, ManagerConfig(max_tokens=24))
+    manager = ProxyEnvManager(engine, ManagerConfig(max_tokens=24), tracker_mode="traj")
     for env_id, seed in [("arl/FrozenLake-v0", 1), ("arl/Sokoban-v0", 4)]:
         episode = await manager.run_episode(spec(env_id, seed))
         traj, (sample,) = episode.trajectory, episode.samples
@@ -142,7 +142,7 @@ async def test_tool_call_runner_round_trip(tiny_tokenizer):
     config = ManagerConfig(max_tokens=48)
     for transport in TRANSPORTS:
         async with ProxyEnvManager(engine, config, gym_runner_factory(config, ToolCallRunner),
-                                   transport=transport) as manager:
+                                   transport=transport, tracker_mode="traj") as manager:
             episode = await manager.run_episode(spec("arl/Sokoban-v0", 3))
         traj, (sample,) = episode.trajectory, episode.samples
         assert traj.ok and len(traj.turns) >= 5, traj.error
@@ -160,7 +160,7 @@ async def test_64_concurrent_episodes(tiny_tokenizer, transport):
     config = ManagerConfig(max_tokens=24, max_turns=4)
     sched = GroupScheduler("arl/FrozenLake-v0", num_groups=16, group_size=4, max_concurrency=64)
     async with ProxyServer() as server:
-        manager = ProxyEnvManager(engine, config, transport=transport, server=server)
+        manager = ProxyEnvManager(engine, config, transport=transport, server=server, tracker_mode="traj")
         batch = await sched.run(manager, sched.specs(0))
         assert server.episode_keys == []  # every episode closed its route
     assert len(batch.episodes) == 64
@@ -178,7 +178,7 @@ async def test_64_concurrent_episodes(tiny_tokenizer, transport):
 async def test_vllm_batch(vllm_engine, transport):
     sched = GroupScheduler("arl/FrozenLake-v0", num_groups=2, group_size=4, base_seed=11)
     config = ManagerConfig(max_tokens=12, max_turns=3, temperature=1.0)
-    async with ProxyEnvManager(vllm_engine, config, transport=transport) as manager:
+    async with ProxyEnvManager(vllm_engine, config, transport=transport, tracker_mode="traj") as manager:
         batch = await sched.run(manager, sched.specs(0))
     assert len(batch.episodes) == 8 and len(batch.groups) == 2
     for episode in batch.episodes:
@@ -208,7 +208,8 @@ async def test_request_after_episode_end_gets_410(scripted):
         return gym_runner_factory(ManagerConfig(max_tokens=24, max_turns=1))(client, s)
 
     for transport in TRANSPORTS:
-        async with ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), factory, transport=transport) as manager:
+        async with ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), factory, transport=transport,
+                                   tracker_mode="traj") as manager:
             episode = await manager.run_episode(spec())
             assert episode.trajectory.ok
             client = clients[-1]
@@ -255,7 +256,8 @@ async def test_guessed_sibling_tokens_are_refused(scripted):
             attempts[self.spec.traj_id] = codes
             return await self.inner.run_job(seed)
 
-    async with ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Snooper, transport="http") as manager:
+    async with ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Snooper, transport="http",
+                               tracker_mode="traj") as manager:
         async with anyio.create_task_group() as tg:
             for member in range(2):
                 tg.start_soon(manager.run_episode, spec(member=member))

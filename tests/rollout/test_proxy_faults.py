@@ -110,7 +110,8 @@ async def test_faults_are_data(fake_engine, transport):
     config = ManagerConfig(max_tokens=24, episode_timeout_s=3.0, max_model_len=2048)
     results = {}
     async with ProxyServer() as server:
-        manager = ProxyEnvManager(fake_engine, config, make_factory(KINDS), transport=transport, server=server)
+        manager = ProxyEnvManager(fake_engine, config, make_factory(KINDS), transport=transport, server=server,
+                                  tracker_mode="traj")
 
         async def one(spec):
             results[spec.episode_id] = await manager.run_episode(spec)
@@ -148,7 +149,7 @@ async def test_env_crash_keeps_partial_score(fake_engine):
             break
     else:
         pytest.fail("no seed reached the crash")
-    got = await ProxyEnvManager(fake_engine, CONFIG).run_episode(spec)
+    got = await ProxyEnvManager(fake_engine, CONFIG, tracker_mode="traj").run_episode(spec)
     assert (got.trajectory.status, got.trajectory.exit_reason) == ("Failed", "env_error")
     assert got.trajectory.episode_score == pytest.approx(want.trajectory.episode_score)
     # The call whose reply crashed the env was made, so the proxy keeps it (reward 0): one turn more
@@ -177,7 +178,8 @@ async def test_runner_status_mapping(fake_engine):
         (EpisodeResult(status="Finished", exit_reason="my_reason", score=2.0), ("Finished", "terminated")),
     ]
     for result, expected in cases:
-        manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec, r=result: Reporting(client, r))
+        manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec, r=result: Reporting(client, r),
+                                  tracker_mode="traj")
         episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
         assert (episode.trajectory.status, episode.trajectory.exit_reason) == expected
         assert episode.trajectory.episode_score == result.score
@@ -188,7 +190,8 @@ async def test_no_model_call_is_no_data(fake_engine):
         async def run_job(self, seed):
             return EpisodeResult()
 
-    episode = await ProxyEnvManager(fake_engine, CONFIG, lambda c, s: Idle(c)).run_episode(
+    episode = await ProxyEnvManager(fake_engine, CONFIG, lambda c, s: Idle(c),
+                                    tracker_mode="traj").run_episode(
         EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
     assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("NoData", "no_data")
     assert episode.samples == []
