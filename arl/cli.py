@@ -5,6 +5,8 @@
     arl play ENV_ID [--seed N]                play a game in the terminal
     arl demo                                  the README's demo (see `arl demo --help`)
     arl train CONFIG [key=value ...]          train: CONFIG is a YAML path or a packaged name (`arl configs`)
+    arl eval MODEL [--config C] [--env ID]    a model on a game's validation panel: success, valid actions, turns
+    arl view RUN_DIR [-o FILE]                one self-contained HTML report of a run directory
     arl configs                               the packaged configs and the command that runs each
     arl bench NAME [ARGS...]                  run benchmarks/NAME.py of the checkout (e.g. overhead --quick)
     arl plan MODEL... [--gpu-gb 24 80 141]    GPU memory each training setting needs, and where it fits

@@ -23,7 +23,7 @@ provide ``fork()``, or say ``forkable = False``. Optional, for `TextEnv`'s extra
 ``surroundings=True`` looks at).
 
 `check_game` enforces the required part (`TextEnv` calls it); `register_game` registers an id
-in one call. A game outside ``arl/envs`` needs nothing else: tests/envs/test_game_contract.py
+in one call. A game outside ``arl/envs`` needs nothing else: tests/train/test_game_contract.py
 trains two steps on one whose actions are not directions.
 """
 
