@@ -29,6 +29,7 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -36,22 +37,33 @@ import numpy as np
 import torch
 
 from arl.algo import estimators
-from arl.config import ConfigError, RunExistsError, TrainConfig, unstructure
+from arl.config import RunExistsError, TrainConfig, unstructure
 from arl.engine import make_engine
 from arl.models import resolve_model
 from arl.rollout import Sample, collate
-from arl.rollout.records import sampling_counts
 from arl.rollout.factory import check_rollout, close_manager, make_manager, make_scheduler
+from arl.rollout.records import sampling_counts
 from arl.rollout.scheduler import check_batch
 from arl.train import episodes, lora
 from arl.train.canary import SyncCanary, WeightSyncError
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from arl.train.checks import check_config
 from arl.train.logging import MetricsLogger, plot_learning_curve
 from arl.train.precision import resolve_precision, weights_dtype
 from arl.train.run_dir import check_fresh, load_reference, save_config, save_reference
 from arl.train.update import policy_update
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], key: str) -> Iterator[None]:
+    """``timings[key]``: the seconds the block took (an ``await`` inside included)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[key] = time.perf_counter() - start
 
 
 class Trainer:
@@ -73,9 +85,9 @@ class Trainer:
             engine = manager.engine
         if val_manager is not None and engine is not None and val_manager.engine is not engine:
             raise ValueError("val_manager runs on another engine than the trainer's")
-        if config.algo.estimator not in estimators.names():  # before anything is built
-            raise ConfigError(f"algo.estimator={config.algo.estimator!r} is not a registered advantage estimator "
-                             f"({', '.join(estimators.names())}; arl.algo.estimators.register adds one)")
+        # before anything is built: the env id, estimator and runner the config names resolve (ConfigError);
+        # an injected manager runs its own rollout, so only what the trainer itself uses is checked then
+        check_config(config, rollout=manager is None)
         self.config = resolve_precision(config)  # optim.precision "auto" -> bf16 or fp32, once
         self.engine = engine  # injected (tests, notebooks) or built in setup()
         self._owns_engine = engine is None
@@ -196,66 +208,84 @@ class Trainer:
         corrects for it. Synchronous (0, the default) is exact, resume included.
         """
         await self.setup()
+        timings: dict[str, float] = {}
+        with _timed(timings, "timing/step_s"):
+            with _timed(timings, "timing/rollout_s"):  # overlapped: the wait for a batch collected meanwhile
+                batch = await self._next_batch()
+            with _timed(timings, "timing/advantages_s"):
+                samples = [s for s in batch.samples if s.num_response_tokens > 0]
+                advantages, adv_stats = self.advantages(samples)
+            serving = getattr(self.engine, "policy_version", None)  # the version the engine serves before this update
+            train_metrics = await self._update_policy(samples, advantages, timings)
+            with _timed(timings, "timing/weight_push_s"):
+                await self.push_weights()
+            sync_metrics = await self._check_sync()
+            self.step_count += 1
+            metrics = {**batch.metrics, **adv_stats, **train_metrics, **sync_metrics,
+                       **self._progress(samples, serving)}
+            if self._eval_due():
+                metrics.update(await self.evaluate())
+        metrics.update(timings)
+        self._record(metrics)
+        if (self.config.save_every and self.step_count % self.config.save_every == 0) or self.step_count == self.config.steps:
+            self.save()
+        return metrics
+
+    async def _next_batch(self) -> Any:
+        """This step's rollout: collected now, or (overlapped) the one collected during the last
+        update; overlapped, the next step's rollout starts here, to run through this step's update."""
         c = self.config
-        t0 = time.perf_counter()
         pending, self._prefetch = self._prefetch, None
         batch = await (pending if pending is not None else self._rollout(self.step_count))
-        t_rollout = time.perf_counter()
         check_batch(batch, f"training step {self.step_count}")  # a broken set-up stops here, not in silence
         if c.rollout.max_staleness > 0 and self.step_count + 1 < c.steps:
             self._prefetch = asyncio.ensure_future(self._rollout(self.step_count + 1))
-        samples = [s for s in batch.samples if s.num_response_tokens > 0]
-        advantages, adv_stats = self.advantages(samples)
-        version = getattr(self.engine, "policy_version", None)
-        t_adv = time.perf_counter()
-        if c.engine.sleep_mode:  # the update gets the engine's GPU memory (KV cache, weights)
-            await self.engine.sleep()
-        t_sleep = time.perf_counter()
-        try:
-            train_metrics = await asyncio.to_thread(self.update, samples, advantages) if samples else {}
-        finally:  # a failed update must not leave the engine asleep (its requests would wait forever)
-            t_update = time.perf_counter()
-            if c.engine.sleep_mode:
-                if torch.cuda.is_available():  # the update's cached blocks go back, for vLLM to wake into
-                    torch.cuda.empty_cache()
-                await self.engine.wake()
-        t_wake = time.perf_counter()
-        await self.push_weights()
-        t_push = time.perf_counter()
-        train_metrics["train/weight_push_bytes"] = float(self.push_bytes)
-        sync_metrics: dict[str, float] = {}
-        if self.canary is not None and (self.step_count + 1) % c.canary_every == 0:
-            sync_metrics = await self.canary.check(self.pushed, f"step {self.step_count + 1}")
-            if sync_metrics:  # a canary that switched itself off measured nothing, so took no time worth a row
-                sync_metrics["timing/canary_s"] = time.perf_counter() - t_push
+        return batch
 
-        self.step_count += 1
-        metrics = dict(batch.metrics)
-        metrics.update(adv_stats)
-        metrics.update(train_metrics)
-        metrics.update(sync_metrics)
-        if version is not None and samples:  # how many updates behind the policy that sampled each row was
-            lag = [version - s.policy_version for s in samples]
-            metrics.update({"train/staleness_mean": float(np.mean(lag)), "train/staleness_max": float(max(lag))})
-        metrics.update({
-            "timing/rollout_s": t_rollout - t0,  # overlapped: the wait for a batch collected meanwhile
-            "timing/advantages_s": t_adv - t_rollout,
-            "timing/weight_push_s": t_push - t_wake,
-            "train/lr": self.lr_schedule.get_last_lr()[0],
-            "train/policy_version": float(self.step_count),  # updates applied (engine counters restart on resume)
-        })
-        if samples:  # a batch with nothing to train on skips the update: no time to report
-            metrics["timing/update_s"] = t_update - t_sleep
-        if c.engine.sleep_mode:
-            metrics["timing/engine_sleep_s"] = t_sleep - t_adv
-            metrics["timing/engine_wake_s"] = t_wake - t_update
-        if self._eval_due():
-            metrics.update(await self.evaluate())
-        metrics["timing/step_s"] = time.perf_counter() - t0
-        self._record(metrics)
-        if (c.save_every and self.step_count % c.save_every == 0) or self.step_count == c.steps:
-            self.save()
+    async def _update_policy(self, samples: list[Sample], advantages: np.ndarray,
+                             timings: dict[str, float]) -> dict[str, float]:
+        """`update` in a worker thread (the event loop, and an overlapped rollout, go on meanwhile).
+        Under ``engine.sleep_mode`` the engine sleeps through it, so the update gets its GPU memory
+        (KV cache, weights); a failed update still wakes it (its requests would wait forever). A
+        batch with nothing to train on skips the update (and its timing)."""
+        sleep = self.config.engine.sleep_mode
+        if sleep:
+            with _timed(timings, "timing/engine_sleep_s"):
+                await self.engine.sleep()
+        try:
+            if not samples:
+                return {}
+            with _timed(timings, "timing/update_s"):
+                return await asyncio.to_thread(self.update, samples, advantages)
+        finally:
+            if sleep:
+                with _timed(timings, "timing/engine_wake_s"):
+                    if torch.cuda.is_available():  # the update's cached blocks go back, for vLLM to wake into
+                        torch.cuda.empty_cache()
+                    await self.engine.wake()
+
+    async def _check_sync(self) -> dict[str, float]:
+        """On the canary's steps: does the engine serve the policy just pushed (``sync/*``)?"""
+        if self.canary is None or (self.step_count + 1) % self.config.canary_every:
+            return {}
+        start = time.perf_counter()
+        metrics = await self.canary.check(self.pushed, f"step {self.step_count + 1}")
+        if metrics:  # a canary that switched itself off measured nothing, so took no time worth a row
+            metrics["timing/canary_s"] = time.perf_counter() - start
         return metrics
+
+    def _progress(self, samples: list[Sample], serving: int | None) -> dict[str, float]:
+        """Where the run stands after the step's push: the push's size, the learning rate, the
+        steps done, and how many updates behind the policy that sampled each row was."""
+        out = {
+            "train/weight_push_bytes": float(self.push_bytes),
+            "train/lr": self.lr_schedule.get_last_lr()[0],
+            "train/policy_version": float(self.step_count),  # steps done (engine counters restart on resume)
+        }
+        if serving is not None and samples:
+            lag = [serving - s.policy_version for s in samples]
+            out.update({"train/staleness_mean": float(np.mean(lag)), "train/staleness_max": float(max(lag))})
+        return out
 
     async def _rollout(self, step: int) -> Any:
         stats = getattr(self.engine, "engine_stats", lambda: None)  # an engine outside arl's contract has none
