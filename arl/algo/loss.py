@@ -13,7 +13,7 @@ a NaN loss nor a NaN gradient, and an all-zero mask gives a loss of exactly 0.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +24,9 @@ __all__ = [
 ]
 
 Agg = Literal["token-mean", "seq-mean-token-mean"]
-AGGS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean")
+AGGS: tuple[str, ...] = get_args(Agg)
 IsLevel = Literal["token", "sequence"]
-IS_LEVELS: tuple[str, ...] = ("token", "sequence")
+IS_LEVELS: tuple[str, ...] = get_args(IsLevel)
 
 # exp() of a log-ratio beyond this overflows float32 long before it means anything; the KL and
 # importance weights clamp their log-ratios here so one wild token cannot make the loss inf.

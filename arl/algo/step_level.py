@@ -11,7 +11,7 @@ so callers need not know this module exists.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 Mode = Literal["mean_norm", "mean_std_norm"]
-MODES: tuple[str, ...] = ("mean_norm", "mean_std_norm")
+MODES: tuple[str, ...] = get_args(Mode)
 # GiGPO's episode term: statistics over each group's episodes (arl) or over its step-rows
 # (verl-agent's default, `compute_mean_std_cross_steps=True`: a T-step episode counts T times).
 EpisodeStats = Literal["episodes", "steps"]
@@ -141,8 +141,8 @@ def episode_advantages(
     array([1. , 0.5])
     """
     _check_mode(mode)
-    _check_choice("stats", stats, ("episodes", "steps"))
-    _check_choice("singleton", singleton, ("zero", "raw"))
+    _check_choice("stats", stats, get_args(EpisodeStats))
+    _check_choice("singleton", singleton, get_args(Singleton))
     scores = _floats("episode_scores", episode_scores)
     groups, trajs = _keys(group_ids), _keys(traj_ids)
     _check_lengths(episode_scores=scores, group_ids=groups, traj_ids=trajs)

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
 
 import attrs
 import numpy as np
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 FinishReason = Literal["stop", "length", "abort"]
 ConstraintKind = Literal["json_object", "json_schema", "structural_tag"]
-CONSTRAINT_KINDS: tuple[str, ...] = ("json_object", "json_schema", "structural_tag")
+CONSTRAINT_KINDS: tuple[str, ...] = get_args(ConstraintKind)
 
 
 class EngineError(RuntimeError):

@@ -18,7 +18,7 @@ import hashlib
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -71,8 +71,9 @@ class ScriptedEngine(BaseEngine):
         `latency_s` sleeps per request; `fail_rate` is the chance a request raises EngineError.
         `answer_format` shapes a random valid reply from ``{action}`` (e.g. a ``<tool_call>`` block
         for agents that act through function calls)."""
-        if mode not in ("random_actions", "responses"):
-            raise ValueError(f"unknown scripted mode {mode!r}; expected 'random_actions' or 'responses'")
+        if mode not in get_args(Mode):
+            expected = " or ".join(map(repr, get_args(Mode)))
+            raise ValueError(f"unknown scripted mode {mode!r}; expected {expected}")
         if responses is not None:
             mode = "responses"
         if mode == "responses" and responses is None:

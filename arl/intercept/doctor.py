@@ -55,6 +55,7 @@ from typing import Any
 
 import attrs
 
+from arl.config import MODES
 from arl.intercept.template import _DUMMY, _render, _template, _turn_end, bridge_ids, chat_ids
 from arl.intercept.tracker import MessageTracker
 
@@ -202,8 +203,8 @@ class TemplateReport:
         what `exact`, `format` and `to_dict` then judge."""
         if mode is None:
             return self
-        if mode not in ("traj", "step", "proxy"):
-            raise ValueError(f"unknown rollout mode {mode!r}; known: traj, step, proxy")
+        if mode not in MODES:
+            raise ValueError(f"unknown rollout mode {mode!r}; known: {', '.join(MODES)}")
         return attrs.evolve(self, verdicts=tuple(v for v in self.verdicts if v.mode == mode))
 
     def to_dict(self) -> dict[str, Any]:

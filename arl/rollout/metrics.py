@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from typing import get_args
 
+from arl.envs.game import StateKeySource
 from arl.rollout.base import Episode
 from arl.rollout.records import EXIT_REASONS, Turn
 
@@ -96,7 +98,8 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         out["rollout/state_key_fallback_rate"] = _mean([float(k != "game") for k in keyed])
     proxied = [t.info.get("state_key_source") for t in turns if "step_report" in t.info]
     if proxied:  # proxy mode: the share of keys from the runner's step reports (else a message hash)
-        out["rollout/state_key_from_runner_rate"] = _mean([float(k in ("game", "observation")) for k in proxied])
+        from_runner = get_args(StateKeySource)  # the sources of a state key (else a message hash)
+        out["rollout/state_key_from_runner_rate"] = _mean([float(k in from_runner) for k in proxied])
     reported = [t.info["step_report"] for t in turns if "step_report" in t.info]
     if reported:  # proxy mode: turns whose runner's step reports could not be lined up with its calls
         out["rollout/step_report_mismatch_rate"] = _mean([float(r == "mismatch") for r in reported])
