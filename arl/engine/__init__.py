@@ -43,18 +43,12 @@ def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEng
     from arl.models import resolve_model
 
     path = resolve_model(config.model)
-    if config.backend == "vllm":
+    if config.backend in ("vllm", "vllm-async"):
         from arl.engine.vllm import VLLMEngine
-
-        return VLLMEngine(
-            path, max_model_len=config.max_model_len, seed=config.seed, dtype=config.dtype,
-            kv_cache_memory_bytes=config.kv_cache_memory_bytes, max_num_seqs=config.max_num_seqs,
-            gpu_memory_utilization=config.gpu_memory_utilization, sleep_mode=config.sleep_mode, **config.extra,
-        )
-    if config.backend == "vllm-async":
         from arl.engine.vllm_async import AsyncVLLMEngine
 
-        return AsyncVLLMEngine(
+        backend = VLLMEngine if config.backend == "vllm" else AsyncVLLMEngine
+        return backend(
             path, max_model_len=config.max_model_len, seed=config.seed, dtype=config.dtype,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, max_num_seqs=config.max_num_seqs,
             gpu_memory_utilization=config.gpu_memory_utilization, sleep_mode=config.sleep_mode, **config.extra,

@@ -36,7 +36,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from arl.engine.base import (
-    BaseEngine,
     EngineError,
     Generation,
     InvalidPromptError,
@@ -44,14 +43,8 @@ from arl.engine.base import (
     SamplingParams,
 )
 from arl.engine.handoff import Abort, Add, Pending, fail_queued, post, release, take_all
-from arl.engine.vllm_args import (
-    configure_vllm_env,
-    engine_kwargs,
-    in_engine_dtype,
-    to_generations,
-    to_vllm_params,
-)
-from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
+from arl.engine.vllm_args import VLLMBackend, in_engine_dtype, to_generations, to_vllm_params
+from arl.engine.vllm_lora import ServedAdapter
 
 _log = logging.getLogger(__name__)
 
@@ -107,41 +100,23 @@ class _CacheCounter:
         return _Logger(vllm_config, engine_index)
 
 
-class VLLMEngine(BaseEngine):
-    """vLLM `LLMEngine` fully in-process, continuously batching every concurrent `generate()`."""
+class VLLMEngine(VLLMBackend):
+    """vLLM `LLMEngine` fully in-process, continuously batching every concurrent `generate()`
+    (options: `VLLMBackend`'s)."""
 
     name = "vllm"
-    supports_constraints = True  # vLLM structured outputs (xgrammar): to_vllm_constraint
-    native_stop_strings = True  # vLLM matches SamplingParams.stop as tokens arrive (to_vllm_params)
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        max_model_len: int = 2048,
-        seed: int = 0,
-        dtype: str = "float32",
-        kv_cache_memory_bytes: int | None = 256 * 2**20,
-        max_num_seqs: int = 256,
-        gpu_memory_utilization: float | None = None,
-        sleep_mode: bool = False,
-        **extra: Any,
-    ):
-        configure_vllm_env()
+    def _start(self, kw: dict[str, Any]) -> Any:
         from vllm import EngineArgs, LLMEngine
 
-        kw = engine_kwargs(
-            model, max_model_len=max_model_len, seed=seed, dtype=dtype,
-            kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
-            gpu_memory_utilization=gpu_memory_utilization, extra=extra, sleep_mode=sleep_mode,
-        )
         self._cache = _CacheCounter()
         self._steps = 0  # engine steps taken, and seconds spent in them (driver thread writes, anyone reads)
         self._busy_s = 0.0
         self._engine = LLMEngine.from_engine_args(EngineArgs(**kw), stat_loggers=[self._cache.factory])
-        cfg = self._engine.model_config
-        self._dtype = cfg.dtype  # what pushed weights are cast to
-        super().__init__(self._engine.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
+        return self._engine
+
+    def _serve_requests(self) -> None:
+        """The driver thread and what it shares with the event loop."""
         # Every call into LLMEngine holds this lock. The event loop never takes it: the driver's
         # drain-and-step, weight reloads, prefix-cache resets and shutdown do (all off the loop).
         self._lock = threading.Lock()
@@ -151,11 +126,8 @@ class VLLMEngine(BaseEngine):
         self._pending: dict[str, Pending] = {}  # requests added to the engine; driver-owned
         self._ids = itertools.count()
         self._dead: BaseException | None = None
-        self.lora_enabled = lora_enabled(self._engine)
-        self._adapters = AdapterStore()
-        self._adapter: ServedAdapter | None = None  # what new requests are served with; set under the lock
+        # self._adapter (VLLMBackend): what new requests are served with; set under the lock
         self._retired: list[ServedAdapter] = []  # replaced adapters, removed once idle (driver thread)
-        self.sleep_mode = sleep_mode
         self._hold = False  # sleep() under way or done: new requests wait in _held (driver-owned)
         self._held: list[Add] = []
         self._drained = threading.Event()  # set by the driver once held and nothing runs any more

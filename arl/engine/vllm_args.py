@@ -2,18 +2,29 @@
 
 The environment vLLM must see before its import, the EngineArgs arl starts it with (and why each
 differs from vLLM's default), arl's SamplingParams in vLLM's terms, and vLLM's outputs as arl's
-`Generation` records. One place, so the two backends cannot drift apart in what they ask for.
+`Generation` records; and `VLLMBackend`, the engines' common base: their options, how they start
+vLLM and what they read back from it once it runs. One place, so the two backends cannot drift
+apart in what they ask for.
 """
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from arl.engine.base import EngineError, EngineUnsupportedError, Generation, OutputConstraint, SamplingParams
+from arl.engine.base import (
+    BaseEngine,
+    EngineError,
+    EngineUnsupportedError,
+    Generation,
+    OutputConstraint,
+    SamplingParams,
+)
+from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
 
 
 def configure_vllm_env() -> None:
@@ -143,6 +154,54 @@ def engine_kwargs(
     return kw
 
 
+class VLLMBackend(BaseEngine):
+    """What the in-process and the AsyncLLM engines share: their options (`engine_kwargs`'s, plus
+    vLLM EngineArgs in ``extra``), starting vLLM, and what they read from it once it runs (tokenizer,
+    context length, vocabulary, the dtype pushed weights are cast to, LoRA support). A backend
+    starts its vLLM engine in `_start` and its own serving in `_serve_requests`."""
+
+    supports_constraints = True  # vLLM structured outputs (xgrammar): to_vllm_constraint
+    native_stop_strings = True  # vLLM matches SamplingParams.stop as tokens arrive (to_vllm_params)
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        max_model_len: int = 2048,
+        seed: int = 0,
+        dtype: str = "float32",
+        kv_cache_memory_bytes: int | None = 256 * 2**20,
+        max_num_seqs: int = 256,
+        gpu_memory_utilization: float | None = None,
+        sleep_mode: bool = False,
+        **extra: Any,
+    ):
+        configure_vllm_env()
+        kw = engine_kwargs(
+            model, max_model_len=max_model_len, seed=seed, dtype=dtype,
+            kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=gpu_memory_utilization, extra=extra, sleep_mode=sleep_mode,
+        )
+        self.sleep_mode = sleep_mode
+        vllm_engine = self._start(kw)
+        cfg = vllm_engine.model_config
+        self._dtype = cfg.dtype  # what pushed weights are cast to
+        super().__init__(vllm_engine.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
+        self.lora_enabled = lora_enabled(vllm_engine)
+        self._adapters = AdapterStore()
+        self._adapter: ServedAdapter | None = None  # what new requests are served with
+        self._serve_requests()
+
+    @abc.abstractmethod
+    def _start(self, kw: dict[str, Any]) -> Any:
+        """Start vLLM with the EngineArgs ``kw`` (the backend may add its own) and return its engine
+        (`LLMEngine`, `AsyncLLM`): what the backend needs in place for that first, then the engine."""
+
+    def _serve_requests(self) -> None:
+        """Start serving requests, once the engine and the state above are in place (default: nothing)."""
+
+
 __all__ = [
-    "configure_vllm_env", "engine_kwargs", "in_engine_dtype", "to_generations", "to_vllm_constraint", "to_vllm_params",
+    "VLLMBackend", "configure_vllm_env", "engine_kwargs", "in_engine_dtype", "to_generations", "to_vllm_constraint",
+    "to_vllm_params",
 ]

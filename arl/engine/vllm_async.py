@@ -42,7 +42,6 @@ from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from arl.engine.base import (
-    BaseEngine,
     EngineClosedError,
     EngineError,
     Generation,
@@ -50,14 +49,8 @@ from arl.engine.base import (
     LoRAAdapter,
     SamplingParams,
 )
-from arl.engine.vllm_args import (
-    configure_vllm_env,
-    engine_kwargs,
-    in_engine_dtype,
-    to_generations,
-    to_vllm_params,
-)
-from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
+from arl.engine.vllm_args import VLLMBackend, in_engine_dtype, to_generations, to_vllm_params
+from arl.engine.vllm_lora import ServedAdapter
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
@@ -130,32 +123,13 @@ def serialize_state(named_tensors: Iterable[tuple[str, Any]]) -> bytes:
     return save(state)
 
 
-class AsyncVLLMEngine(BaseEngine):
-    """vLLM `AsyncLLM` (engine core in a child process), driven from a private event-loop thread."""
+class AsyncVLLMEngine(VLLMBackend):
+    """vLLM `AsyncLLM` (engine core in a child process), driven from a private event-loop thread
+    (options: `VLLMBackend`'s)."""
 
     name = "vllm-async"
-    supports_constraints = True  # vLLM structured outputs (xgrammar): to_vllm_constraint
-    native_stop_strings = True  # vLLM matches SamplingParams.stop as tokens arrive (to_vllm_params)
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        max_model_len: int = 2048,
-        seed: int = 0,
-        dtype: str = "float32",
-        kv_cache_memory_bytes: int | None = 256 * 2**20,
-        max_num_seqs: int = 256,
-        gpu_memory_utilization: float | None = None,
-        sleep_mode: bool = False,
-        **extra: Any,
-    ):
-        configure_vllm_env()
-        kw = engine_kwargs(
-            model, max_model_len=max_model_len, seed=seed, dtype=dtype,
-            kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
-            gpu_memory_utilization=gpu_memory_utilization, extra=extra, sleep_mode=sleep_mode,
-        )
+    def _start(self, kw: dict[str, Any]) -> Any:
         # A user-supplied extension must subclass WeightSyncExtension or update_weights breaks.
         kw.setdefault("worker_extension_cls", EXTENSION)
         # Stats are only consumed by vLLM's loggers; the library never logs, so skip collecting.
@@ -163,7 +137,6 @@ class AsyncVLLMEngine(BaseEngine):
 
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()  # in-flight requests, touched on the loop thread
-        self.sleep_mode = sleep_mode
         self._awake = asyncio.Event()  # cleared by sleep(): new requests wait (engine loop only)
         self._awake.set()
         self._running = 0  # requests inside AsyncLLM.generate, and an event for "none" (engine loop)
@@ -185,12 +158,7 @@ class AsyncVLLMEngine(BaseEngine):
             if self._owns_tracker:
                 _stop_resource_tracker()
             raise
-        cfg = self._llm.model_config
-        self._dtype = cfg.dtype  # what pushed weights are cast to
-        super().__init__(self._llm.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
-        self.lora_enabled = lora_enabled(self._llm)
-        self._adapters = AdapterStore()
-        self._adapter: ServedAdapter | None = None  # read and written on the engine loop only
+        return self._llm  # self._adapter (VLLMBackend) is read and written on the engine loop only
 
     @staticmethod
     async def _build(kw: dict[str, Any]) -> Any:
