@@ -13,9 +13,12 @@ An estimator maps a batch of samples to one advantage per sample:
 namespace (the trainer logs them under ``train/``): ``adv_abs_mean`` always, and an estimator's
 own (``gigpo_anchor_group_size_mean``, ...).
 
-The trainer, `benchmarks/credit.py` and notebook 02 all call `estimate`; a new estimator is one
-function and one `register` call, then ``algo.estimator: NAME`` selects it (the Trainer refuses a
-name nobody registered before it builds anything).
+The trainer, `benchmarks/credit.py` and notebook 02 all call `estimate`. A new estimator is one
+function ``fn(samples, settings) -> (advantages, stats)`` in your own package, selected by its
+import path, ``algo.estimator: my_pkg.my_mod:my_fn`` (`resolve` imports it, checks its signature
+and registers it under that name; no edit inside arl), or by a short name after ``register(NAME,
+fn)`` in code that runs before the trainer. An unknown name or an import path that does not give
+such a function is refused before anything is built (`arl.train.checks`, at ``algo.estimator``).
 
     >>> import types
     >>> S = lambda score, group: types.SimpleNamespace(score=score, episode_score=score, group_id=group)
@@ -26,6 +29,8 @@ name nobody registered before it builds anything).
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,17 +51,88 @@ def register(name: str, fn: Estimator) -> Estimator:
 
 
 def names() -> tuple[str, ...]:
+    """The registered names: the built-in ones, those given to `register`, the import paths resolved so far."""
     return tuple(_REGISTRY)
 
 
+def resolve(name: str) -> Estimator:
+    """The estimator ``name`` selects: a registered name, or an import path
+    ``"package.module:function"`` (``function`` may be dotted: ``module:Class.method``), imported,
+    checked and registered under ``name``, so that `names` lists it and the next call is a look-up.
+
+    Raises ValueError saying what is wrong: a name nobody registered (naming the registered ones),
+    a module that does not import (with the import error), an attribute it lacks, or an object
+    that cannot be called as ``fn(samples, settings)``. Importing runs the module's code, as
+    ``import`` does; resolving a name twice imports once.
+
+    >>> resolve("grpo") is _grpo
+    True
+    >>> resolve("math:sqrt")
+    Traceback (most recent call last):
+    ...
+    ValueError: estimator 'math:sqrt' must take (samples, settings): sqrt(x, /) cannot (too many positional arguments)
+    >>> resolve("math:tau")
+    Traceback (most recent call last):
+    ...
+    ValueError: estimator 'math:tau' is a float, not a function of (samples, settings)
+    >>> resolve("ppo")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown advantage estimator 'ppo'; registered: reinforce, grpo, gigpo... or an import path 'package.module:function')
+    """
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    module_name, sep, attribute = name.partition(":")
+    if not (sep and module_name and attribute):
+        raise ValueError(f"unknown advantage estimator {name!r}; registered: {', '.join(_REGISTRY)} "
+                         "(more with register(name, fn), or an import path 'package.module:function')")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:  # ModuleNotFoundError: the module, or something it imports
+        raise ValueError(f"estimator {name!r}: cannot import {module_name!r} ({exc}); is its package installed "
+                         "or on PYTHONPATH?") from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"estimator {name!r}: {module_name!r} has no {attribute!r}") from None
+        target = getattr(target, part)
+    _check_signature(name, target)
+    return register(name, target)
+
+
+def _check_signature(name: str, fn: Any) -> None:
+    """Refuse ``fn`` unless it can be called as ``fn(samples, settings)``."""
+    if not callable(fn):
+        raise ValueError(f"estimator {name!r} is a {type(fn).__name__}, not a function of (samples, settings)")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none: called as they are, errors come at the call
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise ValueError(f"estimator {name!r} must take (samples, settings): "
+                         f"{getattr(fn, '__name__', 'it')}{signature} cannot ({exc})") from None
+    if inspect.iscoroutinefunction(fn):
+        raise ValueError(f"estimator {name!r} is async: an estimator is a plain function of (samples, settings)")
+
+
 def estimate(name: str, samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str, float]]:
-    """(one advantage per sample, stats) from the estimator called ``name``; no samples: (empty, {})."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown advantage estimator {name!r}; registered: {', '.join(_REGISTRY)}")
+    """(one advantage per sample, stats) from the estimator ``name`` (`resolve`); no samples:
+    (empty, {}). ValueError when it returns anything but an array of one finite advantage per
+    sample (or per sample and token: shape (len(samples), L)) and a dict of stats."""
+    fn = resolve(name)
     if not samples:
         return np.zeros(0), {}
-    adv, stats = _REGISTRY[name](samples, settings)
-    return adv, {**stats, "adv_abs_mean": float(np.abs(adv).mean())}
+    out = fn(samples, settings)
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+        raise ValueError(f"estimator {name!r} must return (advantages, stats dict), got {type(out).__name__}")
+    adv = np.asarray(out[0], dtype=np.float64)
+    if adv.ndim not in (1, 2) or len(adv) != len(samples):
+        raise ValueError(f"estimator {name!r} returned advantages of shape {adv.shape} for {len(samples)} samples "
+                         "(one per sample)")
+    if not np.isfinite(adv).all():
+        raise ValueError(f"estimator {name!r} returned {int((~np.isfinite(adv)).sum())} non-finite advantages")
+    return adv, {**out[1], "adv_abs_mean": float(np.abs(adv).mean())}
 
 
 def _no_branches(name: str, samples: Sequence[Any]) -> None:
@@ -105,4 +181,4 @@ register("reinforce", _reinforce)
 register("grpo", _grpo)
 register("gigpo", _gigpo)
 
-__all__ = ["Estimator", "estimate", "names", "register"]
+__all__ = ["Estimator", "estimate", "names", "register", "resolve"]

@@ -62,3 +62,78 @@ def test_a_registered_estimator_trains_and_an_unknown_name_is_refused(tmp_path):
     with pytest.raises(ConfigError) as err:
         Trainer(config, engine=engine)
     assert all(w in str(err.value) for w in ("algo.estimator", "'ppo'", "grpo", "gigpo", "reinforce", "register"))
+
+
+# -- an estimator in the user's own package, chosen by import path (issue 44 §4) -------------------
+
+USER_ESTIMATORS = '''
+import numpy as np
+
+def half(samples, settings):
+    """Every sample's advantage is 0.5; one stat."""
+    return np.full(len(samples), 0.5), {"half_calls": 1.0}
+
+def one_argument(samples):
+    return np.zeros(len(samples)), {}
+
+def too_few(samples, settings):
+    return np.zeros(1), {}
+
+NOT_A_FUNCTION = 3
+'''
+
+
+def user_module(tmp_path, monkeypatch) -> str:
+    from outside_arl import user_module
+
+    return user_module(tmp_path, monkeypatch, USER_ESTIMATORS, prefix="user_estimators")
+
+
+def test_an_import_path_selects_an_estimator_in_the_users_package(tmp_path, monkeypatch):
+    mod = user_module(tmp_path, monkeypatch)
+    adv, stats = estimators.estimate(f"{mod}:half", _samples(), load_config(None).algo)
+    assert adv.tolist() == [0.5] * 4 and stats == {"half_calls": 1.0, "adv_abs_mean": 0.5}
+    assert f"{mod}:half" in estimators.names()  # registered under its import path: the next call is a look-up
+    engine = make_engine(backend="scripted", model="tiny", max_model_len=1024)
+    trainer = Trainer(load_config(None, [f"out_dir={tmp_path}", f"algo.estimator={mod}:half"]), engine=engine)
+    assert trainer.advantages(_samples())[1] == {"train/half_calls": 1.0, "train/adv_abs_mean": 0.5}
+
+
+@pytest.mark.parametrize(("attribute", "words"), [
+    ("one_argument", ["must take (samples, settings)", "one_argument(samples)"]),
+    ("NOT_A_FUNCTION", ["is a int, not a function of (samples, settings)"]),
+    ("missing", ["has no 'missing'"]),
+])
+def test_an_import_path_that_gives_no_estimator_is_refused_by_name_before_anything_is_built(
+        tmp_path, monkeypatch, attribute, words):
+    mod = user_module(tmp_path, monkeypatch)
+    with pytest.raises(ValueError) as err:
+        estimators.resolve(f"{mod}:{attribute}")
+    assert all(w in str(err.value) for w in words), str(err.value)
+    with pytest.raises(ConfigError) as err:  # the trainer, before an engine or a run directory exists
+        Trainer(load_config(None, [f"out_dir={tmp_path}", f"algo.estimator={mod}:{attribute}"]))
+    assert "@ algo.estimator" in str(err.value) and all(w in str(err.value) for w in words)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="cannot import 'no_such_module_xyz'"):
+        estimators.resolve("no_such_module_xyz:f")
+
+
+def test_an_estimator_that_returns_the_wrong_shape_is_named():
+    with pytest.raises(ValueError, match=r"returned advantages of shape \(1,\) for 4 samples"):
+        estimators.register("too-few-test", lambda samples, settings: (np.zeros(1), {}))
+        estimators.estimate("too-few-test", _samples(), None)
+
+
+def test_arl_train_takes_an_estimator_from_the_users_package(tmp_path, monkeypatch):
+    """`arl train ... algo.estimator=my_mod:my_fn`: no edit inside arl, the module imported by the CLI."""
+    import json
+
+    from outside_arl import arl_main, one_cheap_step
+
+    mod = user_module(tmp_path, monkeypatch)
+    rc = arl_main("train", "tiny_frozenlake_gigpo", *one_cheap_step(tmp_path), f"algo.estimator={mod}:half")
+    assert rc == 0
+    rows = [json.loads(line) for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+    step = next(row for row in rows if row["step"] == 1 and "train/half_calls" in row)
+    assert step["train/adv_abs_mean"] == 0.5
+
