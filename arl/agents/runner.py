@@ -4,6 +4,10 @@ A runner knows nothing of tokens, engines or training (docs/architecture.md §7)
 `openai.AsyncOpenAI` shape (anything with ``await client.chat.completions.create(...)``) and a
 model name, plays one episode and reports an `EpisodeResult`. The same runner runs unchanged
 against arl's in-process client, arl's HTTP proxy, or any real OpenAI-compatible server.
+
+The shortest agent is a plain async function, ``async def agent(client, seed) -> result``, with no
+class and no arl import: `FunctionRunner` runs it as an `AgentRunner` and `as_episode_result`
+reads what it returns (a score, a bool, a dict of `EpisodeResult` fields, or an `EpisodeResult`).
 """
 
 from __future__ import annotations
@@ -11,12 +15,14 @@ from __future__ import annotations
 import abc
 import json
 import math
-from typing import Any, Literal, Protocol
+import numbers
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, Protocol, get_args
 
 import attrs
 
 RunnerStatus = Literal["Finished", "Failed", "NoData", "Timeout"]
-STATUSES: tuple[str, ...] = ("Finished", "Failed", "NoData", "Timeout")
+STATUSES: tuple[str, ...] = get_args(RunnerStatus)
 
 # Bounds on what an agent may report (an agent that runs model-written code is not trusted): a
 # result past them is malformed, and its episode ends as "agent_error" with the reason.
@@ -31,7 +37,7 @@ MAX_ABS_SCORE = 1e9
 STATE_KEY = "state"  # the step_infos key naming the raw observation the step's action was taken in
 # the step_infos key naming that state's full key (an arl game's state_key()): GiGPO's anchor, before "state"
 GAME_STATE_KEY = "state_key"
-StepAlignment = Literal["exact", "last_missing", "mismatch", "none"]
+StepAlignment = Literal["exact", "last_missing", "mismatch", "unreported", "none"]
 
 
 @attrs.frozen
@@ -105,17 +111,24 @@ class EpisodeResult:
         """The reports for ``n_calls`` model calls, one per call, and how they lined up.
 
         A runner reports one step per model call; the last call's step may be missing (the env
-        crashed on it, or time ran out): ``"last_missing"``, that call gets None. Any other count,
-        or ``step_infos`` that is neither empty nor as long as ``step_scores``, is ``"mismatch"``:
+        crashed on it, or time ran out): ``"last_missing"``, that call gets None. A result with no
+        step scores and no step infos at all (an agent that reports only how the episode went, as
+        an agent function returning a score does) is ``"unreported"``: every call gets None, and
+        the manager scores each call's sample with the episode's score. Any other count, or
+        ``step_infos`` that is neither empty nor as long as ``step_scores``, is ``"mismatch"``:
         every call gets None, because no call can be told its own step. ``"none"``: no calls.
 
         >>> r = EpisodeResult(step_scores=[0.0, 1.0], step_infos=[{"state": "a"}, {"state": "b"}])
         >>> [s.state for s in r.steps(2)[0]], r.steps(3)[1], r.steps(4)[1]
         (['a', 'b'], 'last_missing', 'mismatch')
+        >>> EpisodeResult(score=1.0).steps(2)
+        ([None, None], 'unreported')
         """
         if n_calls == 0:
             return [], "none"
         scores, infos = list(self.step_scores), list(self.step_infos)
+        if not scores and not infos:
+            return [None] * n_calls, "unreported"
         if len(scores) not in (n_calls, n_calls - 1) or len(infos) not in (0, len(scores)):
             return [None] * n_calls, "mismatch"
         reports: list[StepReport | None] = []
@@ -225,3 +238,73 @@ class AgentRunner(abc.ABC):
     @abc.abstractmethod
     async def run_job(self, seed: int) -> EpisodeResult:
         """Play the episode of ``seed``; report failures as data where the runner can."""
+
+
+AgentFunction = Callable[..., Awaitable[Any]]  # async def agent(client, seed, **kwargs) -> result
+
+
+def as_episode_result(value: Any) -> EpisodeResult:
+    """What an agent function returned, as the `EpisodeResult` of its episode.
+
+    - an `EpisodeResult`: itself;
+    - a bool: success, with score 1.0 (True) or 0.0 (False);
+    - a number: the episode's score, success False (return a dict to report success too);
+    - a dict of `EpisodeResult` fields (``score``, ``success``, ``status``, ``exit_reason``,
+      ``error``, ``metrics``, ``step_scores``, ``step_infos``), read as an agent program's result
+      is (`EpisodeResult.from_json`: types and bounds checked); a key that is no field is refused,
+      so a misspelt ``sucess`` cannot pass for a failure.
+
+    Anything else, or a dict that does not hold, raises TypeError / ValueError; out of an episode's
+    `run_job` that ends the episode ``agent_error`` with the reason. Scores are checked at the
+    rollout boundary as every runner's are (`EpisodeResult.problem`: finite, within `MAX_ABS_SCORE`).
+
+    >>> as_episode_result(0.5).score, as_episode_result(True).success, as_episode_result(True).score
+    (0.5, True, 1.0)
+    >>> r = as_episode_result({"score": 1, "success": True, "metrics": {"calls": 3}})
+    >>> r.score, r.success, r.status, r.metrics
+    (1.0, True, 'Finished', {'calls': 3.0})
+    >>> as_episode_result({"score": 1.0, "sucess": True})
+    Traceback (most recent call last):
+    ...
+    ValueError: an agent's result dict holds no field 'sucess' (fields: status, score, step_scores, exit_reason, \
+success, metrics, error, step_infos)
+    >>> as_episode_result("done")
+    Traceback (most recent call last):
+    ...
+    TypeError: an agent function returns a score, a bool, a dict of EpisodeResult fields or an EpisodeResult, not str
+    """
+    if isinstance(value, EpisodeResult):
+        return value
+    if isinstance(value, bool):
+        return EpisodeResult(score=float(value), success=value)
+    if isinstance(value, numbers.Real):
+        return EpisodeResult(score=float(value))
+    if isinstance(value, dict):
+        fields = [f.name for f in attrs.fields(EpisodeResult)]
+        unknown = [k for k in value if k not in fields]
+        if unknown:
+            raise ValueError(f"an agent's result dict holds no field {', '.join(map(repr, unknown))} "
+                             f"(fields: {', '.join(fields)})")
+        return EpisodeResult.from_json(value)
+    raise TypeError("an agent function returns a score, a bool, a dict of EpisodeResult fields or an EpisodeResult, "
+                    f"not {type(value).__name__}")
+
+
+class FunctionRunner(AgentRunner):
+    """An agent that is one async function, run as an `AgentRunner`: ``run_job(seed)`` awaits
+    ``fn(client, seed, **kwargs)`` and returns `as_episode_result` of what it returns.
+
+    The function needs no arl import: it gets the episode's OpenAI-compatible client and the seed
+    (its own task, level or question for that seed: the members of a group share one), makes its
+    model calls through that client (any ``model`` name: arl serves one policy) and returns how the
+    episode went. arl builds one per episode (`arl.rollout.runners.agent_function_runner`, what
+    ``rollout.proxy.runner: my_pkg.my_mod:agent`` resolves to for an async function).
+    """
+
+    def __init__(self, client: ChatClient, fn: AgentFunction, kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(client)
+        self.fn = fn
+        self.kwargs = dict(kwargs or {})
+
+    async def run_job(self, seed: int) -> EpisodeResult:
+        return as_episode_result(await self.fn(self.client, seed, **self.kwargs))

@@ -16,7 +16,10 @@ is `ProxyEnvManager` running agent code, chosen by ``rollout.proxy.runner``:
 - ``"package.module:factory"``: your own. ``factory(client, spec, config, **runner_kwargs)``
   returns an `AgentRunner` for one episode: ``client`` is the OpenAI-compatible client of the
   episode, ``spec`` its `EpisodeSpec` (``env_id``, ``seed``, ...), ``config`` the `ManagerConfig`
-  (sampling settings: validation runs get the evaluation temperature through it).
+  (sampling settings: validation runs get the evaluation temperature through it);
+- ``"package.module:agent"``, an agent function ``async def agent(client, seed) -> result``:
+  arl wraps it (`arl.rollout.runners.agent_function_runner`; the result a score, a bool, a dict or
+  an `EpisodeResult`).
 
 The trainer, ``arl eval`` and the benchmarks all build their managers here; `check_rollout` maps a
 rollout to the chat-template setting `arl doctor` checks (the trainer's start-up check), with a
@@ -58,9 +61,7 @@ def make_manager(engine: Any, rollout: RolloutConfig, manager_config: ManagerCon
             return ForkEnvManager(engine, config)
         return StepEnvManager(engine, config)
     if rollout.mode == "proxy":
-        p = rollout.proxy
-        if p.runner == "push" and p.transport != "http":
-            raise ValueError("rollout.proxy.runner=push runs the agent in another process: set rollout.proxy.transport=http")
+        p = rollout.proxy  # runner_binder refuses a runner that cannot run (push without http, ...)
         if p.runner == "pull":
             check_pull_env(rollout.env_id, config.env_kwargs)  # BugFix has no hidden tests there: refused
         return ProxyEnvManager(

@@ -6,18 +6,26 @@ is the episode's OpenAI-compatible client, ``spec`` its `EpisodeSpec`, ``config`
 kwargs into a `RunnerBinder`, ``config -> RunnerFactory``: `ProxyEnvManager(runner_for=...)`
 binds it to its config, giving the ``(client, spec) -> AgentRunner`` callable (a `RunnerFactory`)
 it calls per episode. `runner_binder` is the `RunnerBinder` of the runner a `ProxyConfig` names.
+
+``rollout.proxy.runner: "package.module:name"`` may also name an agent function, ``async def
+agent(client, seed, **runner_kwargs) -> result`` (told apart from a factory by being async):
+`agent_function_runner` makes it a factory of `arl.agents.runner.FunctionRunner`, which reads
+its result with `arl.agents.runner.as_episode_result`. It gets ``env_id``, ``spec`` or
+``config`` too when it has a parameter of that name (`AGENT_CONTEXT`). Either kind's signature
+is checked when the binder is made (`runner_binder`: before anything is built), not per episode.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from arl.agents.runner import AgentRunner
+from arl.agents.runner import AgentFunction, AgentRunner, FunctionRunner
 from arl.config import ManagerConfig, ProxyConfig
 from arl.rollout.base import EpisodeSpec
 
@@ -80,14 +88,12 @@ def check_pull_env(env_id: str, env_kwargs: Any = None) -> None:
     and its subclasses (`arl.envs.bugfix.env.PULL_MODE_REFUSAL` says why), unless its
     ``env_kwargs`` say ``allow_unhidden_tests: true`` (mechanics tests only). Called when the
     manager is built and for every pull-mode episode, before any agent starts."""
-    import gymnasium as gym
-
     from arl.envs.bugfix.env import PULL_MODE_REFUSAL, BugFixEnv
 
     if dict(env_kwargs or {}).get("allow_unhidden_tests"):
         return
     try:
-        entry = gym.spec(env_id).entry_point
+        entry = env_spec(env_id).entry_point
         if isinstance(entry, str):
             module, _, name = entry.partition(":")
             entry = getattr(importlib.import_module(module), name, None)
@@ -95,6 +101,19 @@ def check_pull_env(env_id: str, env_kwargs: Any = None) -> None:
         return
     if isinstance(entry, type) and issubclass(entry, BugFixEnv):
         raise ValueError(f"rollout.proxy.runner=pull with env {env_id!r}: {PULL_MODE_REFUSAL}")
+
+
+def env_spec(env_id: str) -> Any:
+    """gymnasium's `EnvSpec` of ``env_id``: a registered id, or ``"package.module:Env-v0"``, which
+    imports the module (where the env registers itself) first, as ``gymnasium.make`` does
+    (``gymnasium.spec`` alone does not import). Raises what gymnasium raises for an unknown id
+    (``gymnasium.error.Error`` subclasses), ModuleNotFoundError for a module that is not there."""
+    import gymnasium as gym
+
+    module, sep, name = env_id.rpartition(":")
+    if sep and module:
+        importlib.import_module(module)
+    return gym.spec(name if sep else env_id)
 
 
 def _agent_process(command: list[str], spec: EpisodeSpec, config: ManagerConfig,
@@ -118,8 +137,9 @@ RUNNERS: dict[str, Callable[..., AgentRunner]] = {
 }
 
 
-def resolve_runner(name: str) -> Callable[..., AgentRunner]:
-    """A runner factory by short name (`RUNNERS`) or ``"package.module:attribute"``."""
+def resolve_runner(name: str) -> Callable[..., Any]:
+    """A runner factory by short name (`RUNNERS`) or ``"package.module:attribute"``: the attribute
+    as it is, a factory or an agent function (`is_agent_function`; `runner_binder` wraps it)."""
     if name in RUNNERS:
         return RUNNERS[name]
     module_name, sep, attribute = name.partition(":")
@@ -140,6 +160,67 @@ def resolve_runner(name: str) -> Callable[..., AgentRunner]:
     return target
 
 
+# What an agent function may ask for besides (client, seed), by naming a parameter so: the episode's
+# env id, its EpisodeSpec (env_id, seed, group_id, episode_id, tag), the manager's ManagerConfig.
+AGENT_CONTEXT: tuple[str, ...] = ("env_id", "spec", "config")
+
+
+def is_agent_function(target: Any) -> bool:
+    """Is ``target`` an agent function (an ``async def``, or an object whose ``__call__`` is one)
+    rather than a runner factory (a plain function or class that returns an `AgentRunner`)?"""
+    if isinstance(target, type):
+        return False
+    call = type(target).__call__ if callable(target) and not inspect.isroutine(target) else None
+    return inspect.iscoroutinefunction(target) or (call is not None and inspect.iscoroutinefunction(call))
+
+
+def agent_function_runner(fn: AgentFunction) -> Callable[..., AgentRunner]:
+    """The runner factory of the agent function ``fn``: ``make(client, spec, config,
+    **runner_kwargs)`` returns a `FunctionRunner` that awaits ``fn(client, seed, **runner_kwargs)``,
+    with ``env_id=``, ``spec=``, ``config=`` added for the `AGENT_CONTEXT` names ``fn`` has as
+    parameters (a ``**kwargs`` catch-all asks for none of them)."""
+    wanted = _context_names(fn)
+
+    def make(client: Any, spec: EpisodeSpec, config: ManagerConfig, **runner_kwargs: Any) -> AgentRunner:
+        context = {"env_id": spec.env_id, "spec": spec, "config": config}
+        return FunctionRunner(client, fn, {**{k: context[k] for k in wanted}, **runner_kwargs})
+
+    make.agent_function = fn  # type: ignore[attr-defined]  (what it wraps, for a reader)
+    return make
+
+
+def _context_names(fn: Any) -> list[str]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [name for name in AGENT_CONTEXT if name in params and params[name].kind in kinds]
+
+
+def _check_call(name: str, target: Any, kwargs: dict[str, Any]) -> None:
+    """ValueError unless ``target`` can be called as arl will call it: an agent function as
+    ``agent(client, seed, [env_id=, spec=, config=,] **runner_kwargs)``, a factory as
+    ``factory(client, spec, config, **runner_kwargs)``."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # no signature to read (some builtins): its errors come per episode
+        return
+    if is_agent_function(target):
+        wanted = _context_names(target)
+        args, form = (None, 0), "agent(client, seed" + "".join(f", {k}=" for k in wanted)
+        extra = {k: None for k in wanted}
+    else:
+        args, form, extra = (None, None, None), "factory(client, spec, config", {}
+    try:
+        signature.bind(*args, **extra, **kwargs)
+    except TypeError as exc:
+        given = "".join(f", {k}=" for k in kwargs)
+        raise ValueError(f"rollout.proxy.runner={name!r} is called as {form}{given}) (runner_kwargs: "
+                         f"{sorted(kwargs) or 'none'}), which {getattr(target, '__name__', 'it')}{signature} "
+                         f"does not take: {exc}") from None
+
+
 def bind_runner(make: Callable[..., AgentRunner], **kwargs: Any) -> RunnerBinder:
     """``make(client, spec, config, **kwargs)`` as ``config -> (client, spec) -> runner``, what
     `ProxyEnvManager(runner_for=...)` takes: the manager binds it to its own config, and re-binds it
@@ -156,15 +237,23 @@ def bind_runner(make: Callable[..., AgentRunner], **kwargs: Any) -> RunnerBinder
 
 def runner_binder(proxy: ProxyConfig) -> RunnerBinder:
     """`bind_runner` of the runner a `ProxyConfig` names, with its ``runner_kwargs``: not a
-    runner factory, the `RunnerBinder` that makes one per `ManagerConfig`."""
+    runner factory, the `RunnerBinder` that makes one per `ManagerConfig`. An agent function is
+    wrapped (`agent_function_runner`). ValueError, before any episode, for a runner that does not
+    resolve, whose signature does not take the call arl makes (`_check_call`), or that lacks what
+    it needs (push: a command and ``transport: http``; pull: a command and ``transport: inprocess``)."""
     make = resolve_runner(proxy.runner)
     kwargs = dict(proxy.runner_kwargs)
     if make in (push_runner, pull_runner) and not kwargs.get("command"):
         raise ValueError(f"rollout.proxy.runner={proxy.runner} needs rollout.proxy.runner_kwargs.command "
                          "(the agent program)")
+    if make is push_runner and proxy.transport != "http":
+        raise ValueError("rollout.proxy.runner=push runs the agent in another process: set rollout.proxy.transport=http")
     if make is pull_runner and proxy.transport != "inprocess":
         raise ValueError("rollout.proxy.runner=pull answers the agent's pipes through the episode's handler: "
                          "set rollout.proxy.transport=inprocess")
+    _check_call(proxy.runner, make, kwargs)
+    if is_agent_function(make):
+        make = agent_function_runner(make)
     return bind_runner(make, **kwargs)
 
 
@@ -173,5 +262,6 @@ def _call_runner(make: Callable[..., AgentRunner], config: ManagerConfig, kwargs
     return make(client, spec, config, **kwargs)
 
 
-__all__ = ["RUNNERS", "RunnerBinder", "RunnerFactory", "bind_runner", "check_pull_env", "gym_runner", "pull_runner",
-           "push_runner", "resolve_runner", "runner_binder", "tool_runner"]
+__all__ = ["AGENT_CONTEXT", "RUNNERS", "RunnerBinder", "RunnerFactory", "agent_function_runner", "bind_runner",
+           "check_pull_env", "env_spec", "gym_runner", "is_agent_function", "pull_runner", "push_runner",
+           "resolve_runner", "runner_binder", "tool_runner"]
