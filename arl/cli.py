@@ -78,8 +78,10 @@ def _cmd_play(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from arl.config import load_config
+    from arl.train.checks import check_config
 
     config = load_config(args.config, [*args.overrides, *(["overwrite=true"] if args.overwrite else [])])
+    check_config(config)  # the env id, estimator and runner resolve, before anything is built or written
     setup_logging(args.verbose, config.run_dir / LOG_FILE)
     history = asyncio.run(_train(config, resume=args.resume))
     evals = [row for row in history if "eval/success_rate" in row]
@@ -160,9 +162,10 @@ def eval_rollout(args: argparse.Namespace) -> Any:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from arl.config import DEMO_CONFIG, load_config
+    from arl.train.checks import check_config
     from arl.train.run_dir import free_run_name
 
-    config = load_config(DEMO_CONFIG, args.overrides)
+    config = check_config(load_config(DEMO_CONFIG, args.overrides))
     config.name = free_run_name(config)  # never resume or overwrite an earlier demo run: a new directory
     setup_logging(args.verbose, config.run_dir / LOG_FILE)
     start = time.perf_counter()

@@ -14,6 +14,7 @@ for choices, the allowed values.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -134,8 +135,11 @@ class ManagerConfig:
             raise ValueError("system_prompt applies to prompt_style 'compact' only (the full style sends its own)")
 
 
-Transport = Literal["inprocess", "http"]  # rollout.proxy.transport: a function call | the HTTP proxy server
-TrackerMode = Literal["traj", "step"]  # rollout.proxy.tracker_mode: a sample per conversation branch | per model call
+# rollout.proxy's choices. transport: a function call | the HTTP proxy server; tracker_mode: a sample per
+# conversation branch | per model call; keep_branches (tracker_mode traj): every branch's | the longest's
+Transport = Literal["inprocess", "http"]
+TrackerMode = Literal["traj", "step"]
+KeepBranches = Literal["all", "longest"]
 
 
 @attrs.define
@@ -148,7 +152,7 @@ class ProxyConfig:
     # step: one exact sample per model call, its prompt as the agent sent it, which fits every agent
     # (one that rewrites its history too) and gives GiGPO its steps
     tracker_mode: str = attrs.field(default="step", validator=v.in_(get_args(TrackerMode)))
-    keep_branches: str = attrs.field(default="all", validator=v.in_(("all", "longest")))
+    keep_branches: str = attrs.field(default="all", validator=v.in_(get_args(KeepBranches)))
     runner_kwargs: dict[str, Any] = attrs.Factory(dict)  # passed to the runner factory
     # Does the agent send `tools` / get tool calls back? auto: gym is a text agent, any other runner
     # a tool agent (`check_rollout` checks the chat template for what the agent needs).
@@ -336,7 +340,11 @@ def _path_of(exc: BaseException) -> list[str]:
         return cattrs.v.format_exception(error, type_)
 
     lines = cattrs.transform_error(exc, path="config", format_exception=describe)
-    return [line.replace(" @ config.", " @ ").replace(" @ config", " @ top level") for line in lines]
+    lines = [line.replace(" @ config.", " @ ").replace(" @ config", " @ top level") for line in lines]
+    # attrs' validators raise in the record's __init__, so cattrs locates them at the record; they
+    # name the field first ("'mode' must be in ..."): move it into the path (@ rollout.mode)
+    return [re.sub(r"^'(\w+)' (.*) @ (top level|[\w.]+)$",
+                   lambda m: f"{m[2]} @ {m[1] if m[3] == 'top level' else m[3] + '.' + m[1]}", line) for line in lines]
 
 
 def structure(data: dict[str, Any]) -> TrainConfig:
@@ -350,6 +358,12 @@ def structure(data: dict[str, Any]) -> TrainConfig:
 
 def unstructure(config: TrainConfig) -> dict[str, Any]:
     return _converter.unstructure(config)
+
+
+def to_yaml(config: TrainConfig) -> str:
+    """``config`` as YAML, every field in declaration order: what ``arl train --print-config``
+    prints and a run directory's config.yaml holds; `load_config` reads it back to an equal config."""
+    return yaml.safe_dump(unstructure(config), sort_keys=False)
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -111,3 +111,25 @@ def test_torch_log_records_go_to_the_log_file_not_the_terminal(tmp_path, capsys)
         for lg, handlers, propagate in torch_loggers.values():
             lg.handlers[:] = handlers
             lg.propagate = propagate
+
+
+# -- arl train checks a config's names first ------------------------------------------------------
+
+
+def test_train_checks_the_names_a_config_gives_before_it_builds_or_writes_anything(tmp_path, monkeypatch, capsys):
+    """An unknown env id used to start the engine, fail in the first rollout and leave a
+    metrics.jsonl that refused the retry until --overwrite; gymnasium's `module:id` form names a
+    game in the user's own module, which the check imports (where it registers itself)."""
+    import json
+
+    from outside_arl import LAMPS_GAME, arl_main, one_cheap_step, user_module
+
+    mod = user_module(tmp_path, monkeypatch, LAMPS_GAME)
+    assert arl_main("train", "tiny_frozenlake_gigpo", *one_cheap_step(tmp_path), "rollout.env_id=arl/Nope-v0") == 2
+    err = capsys.readouterr().err
+    assert "unknown env id 'arl/Nope-v0'" in err and err.rstrip().endswith("@ rollout.env_id"), err
+    assert not (tmp_path / "t").exists()  # no run directory, no log, nothing to --overwrite
+    assert arl_main("train", "tiny_frozenlake_gigpo", *one_cheap_step(tmp_path), f"rollout.env_id={mod}:mine/Lamps-v0",
+                    "engine.scripted={actions: [Light, Wait]}") == 0
+    rows = [json.loads(line) for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+    assert any(f"env/{mod}:mine/Lamps-v0/success_rate" in row for row in rows)

@@ -6,20 +6,22 @@ shows; a checkpoint's trainer_state.pt also holds it, but reading that needs the
 optimizer state) and, when the KL reference is the warm-started policy, that
 reference (`REFERENCE_FILE`: checkpoints hold only the policy, and a resumed run must anchor to
 the same policy, not to the initial model it is rebuilt from). A fresh run starts only in a
-directory with no earlier run in it (`check_fresh`), or when told to overwrite it.
+directory with no earlier run in it (`check_fresh`), or when told to overwrite it. A start that
+failed before its first training step (no checkpoint, no metrics row of a step >= 1: a set-up,
+warm-start or first rollout that raised) is no run: a retry replaces what it left (`run_artifacts`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from arl.config import RunExistsError, unstructure
+from arl.config import RunExistsError, to_yaml
 from arl.train.episodes import EPISODES_FILE
 
 log = logging.getLogger(__name__)
@@ -29,13 +31,38 @@ CONFIG_FILE = "config.yaml"  # the run's resolved config, rewritten by every set
 
 
 def run_artifacts(run_dir: Path) -> list[str]:
-    """What in ``run_dir`` belongs to an earlier run (checkpoints, metrics, the KL reference)."""
+    """What in ``run_dir`` belongs to an earlier run (checkpoints, metrics, the KL reference).
+
+    Nothing when it holds no checkpoint and no metrics row of a training step (step >= 1): a start
+    that failed before its first step (an empty metrics.jsonl, or only the warm-start's and the
+    first evaluation's step-0 rows) has nothing to resume, and would otherwise block its own retry
+    until ``--overwrite``; `check_fresh` removes what it left."""
     if not run_dir.is_dir():
         return []
     ckpts = sorted(p.name for p in run_dir.glob("ckpt_*"))
+    if not ckpts and not _trained(run_dir / "metrics.jsonl"):
+        return []
     found = [f"{len(ckpts)} checkpoint(s): {', '.join(ckpts[-3:])}"] if ckpts else []
     found += [name for name in ("metrics.jsonl", EPISODES_FILE, REFERENCE_FILE) if (run_dir / name).exists()]
     return found
+
+
+def _trained(metrics: Path) -> bool:
+    """Does ``metrics`` (a metrics.jsonl) hold a row of a training step? A line that does not
+    parse counts as one: a file arl cannot read is never taken for an empty start."""
+    if not metrics.exists():
+        return False
+    with metrics.open(encoding="utf-8") as f:
+        for line in f:  # step 1's row comes after a few step-0 rows: this reads little of a real run
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                return True
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int) or row["step"] >= 1:
+                return True
+    return False
 
 
 def free_run_name(config: Any) -> str:
@@ -51,22 +78,27 @@ def free_run_name(config: Any) -> str:
 
 def check_fresh(run_dir: Path, overwrite: bool) -> None:
     """Refuse (`RunExistsError`, naming both ways out) to start a fresh run where a run is, unless
-    ``overwrite``: then delete that run's files, and only those."""
+    ``overwrite``: then delete that run's files, and only those. What a start that failed before
+    its first training step left (`run_artifacts`: no run) is deleted the same way, with a warning."""
     found = run_artifacts(run_dir)
-    if not found:
-        return
-    if not overwrite:
+    if found and not overwrite:
         raise RunExistsError(
             f"{run_dir} already holds a run ({', '.join(found)}); nothing was changed. Either resume it "
             f"(`arl train CONFIG --resume`, or Trainer(config, resume=True)) or start over and delete it "
             f"(`arl train CONFIG --overwrite`, or overwrite=true in the config)"
         )
-    log.warning("overwriting the run in %s (%s)", run_dir, ", ".join(found))
     # episodes.jsonl too: an overwritten run's evaluations would otherwise stay in the new run's report
-    for path in [run_dir / "metrics.jsonl", run_dir / EPISODES_FILE, run_dir / "learning_curve.png",
-                 run_dir / REFERENCE_FILE, run_dir / CONFIG_FILE]:
+    files = [run_dir / "metrics.jsonl", run_dir / EPISODES_FILE, run_dir / "learning_curve.png",
+             run_dir / REFERENCE_FILE, run_dir / CONFIG_FILE]
+    dirs = [run_dir / "tb", *run_dir.glob("ckpt_*")]
+    if found:
+        log.warning("overwriting the run in %s (%s)", run_dir, ", ".join(found))
+    elif leftovers := [p.name for p in files + dirs if p.exists()]:
+        log.warning("removing what a start that failed before its first training step left in %s (%s)",
+                    run_dir, ", ".join(leftovers))
+    for path in files:
         path.unlink(missing_ok=True)
-    for path in [run_dir / "tb", *run_dir.glob("ckpt_*")]:
+    for path in dirs:
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -76,7 +108,7 @@ def save_config(run_dir: Path, config: Any) -> Path:
     reader read it without arl's classes, and `load_config` reads it back."""
     path = run_dir / CONFIG_FILE
     tmp = run_dir / f".tmp-{CONFIG_FILE}"
-    tmp.write_text(yaml.safe_dump(unstructure(config), sort_keys=False), encoding="utf-8")
+    tmp.write_text(to_yaml(config), encoding="utf-8")
     tmp.replace(path)
     return path
 
