@@ -71,10 +71,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, get_args
 
 import attrs
 
+from arl.config import KeepBranches
 from arl.engine.base import SampledWith
 from arl.engine.prompt import PromptView
 from arl.engine.tokens import TokenRow
@@ -82,8 +83,6 @@ from arl.envs.game import state_hash
 from arl.intercept.chain_keys import _memo_key, _tools_json, _tools_key, chain_key
 from arl.intercept.protocol import normalize_message
 from arl.intercept.template import _DUMMY, TemplateError, _render, _Template, _template
-
-Keep = Literal["all", "longest"]
 
 _log = logging.getLogger(__name__)
 _REWRITE_WARNED: list[bool] = []  # the history-rewrite warning is logged once per process
@@ -372,13 +371,13 @@ class MessageTracker:
             "logged once.")
 
     # -- samples ---------------------------------------------------------------------------------
-    def traj_samples(self, keep: Keep = "all") -> list[TrackedSample]:
+    def traj_samples(self, keep: KeepBranches = "all") -> list[TrackedSample]:
         """One sample per branch, in the order branches started (or the longest only)."""
         branches = sorted(self.branches, key=lambda b: b.id)
         if keep == "longest" and branches:
             branches = [max(branches, key=lambda b: (len(b.requests), len(b.ids), b.id))]
-        elif keep not in ("all", "longest"):
-            raise ValueError(f"keep must be 'all' or 'longest', got {keep!r}")
+        elif keep not in get_args(KeepBranches):
+            raise ValueError(f"keep must be {' or '.join(map(repr, get_args(KeepBranches)))}, got {keep!r}")
         out = []
         for branch in branches:
             row = TokenRow()

@@ -44,13 +44,13 @@ import attrs
 
 from arl.agents.gym_runner import GymRunner
 from arl.agents.runner import AgentRunner, EpisodeResult, StepReport
-from arl.config import ManagerConfig, ProxyConfig, TrackerMode, Transport
+from arl.config import KeepBranches, ManagerConfig, ProxyConfig, TrackerMode, Transport
 from arl.engine.tokens import TokenRow
-from arl.envs.game import state_hash
+from arl.envs.game import StateKeySource, state_hash
 from arl.intercept.client import InProcessClient
 from arl.intercept.handler import ChatHandler, SamplingDefaults
 from arl.intercept.server import ProxyServer
-from arl.intercept.tracker import Keep, MessageTracker, Request, TrackedSample
+from arl.intercept.tracker import MessageTracker, Request, TrackedSample
 from arl.rollout.base import EnvManager, Episode, EpisodeSpec, request_seed
 from arl.rollout.records import EXIT_REASONS, Sample, Trajectory, Turn
 from arl.rollout.runners import RunnerBinder, RunnerFactory, gym_runner
@@ -124,17 +124,17 @@ class ProxyEnvManager(EnvManager):
         *,
         transport: Transport = _DEFAULTS.transport,  # type: ignore[assignment]
         tracker_mode: TrackerMode = _DEFAULTS.tracker_mode,  # type: ignore[assignment]
-        keep_branches: Keep = _DEFAULTS.keep_branches,  # type: ignore[assignment]
+        keep_branches: KeepBranches = _DEFAULTS.keep_branches,  # type: ignore[assignment]
         server: ProxyServer | None = None,
         model_name: str = "arl",
         chat_template_kwargs: dict[str, Any] | None = None,
         runner_for: RunnerBinder | None = None,
     ) -> None:
         super().__init__(engine, config)
-        if transport not in get_args(Transport):
-            raise ValueError(f"transport must be one of {get_args(Transport)}, got {transport!r}")
-        if tracker_mode not in get_args(TrackerMode):
-            raise ValueError(f"tracker_mode must be one of {get_args(TrackerMode)}, got {tracker_mode!r}")
+        for name, value, choices in (("transport", transport, Transport),
+                                     ("tracker_mode", tracker_mode, TrackerMode)):
+            if value not in get_args(choices):
+                raise ValueError(f"{name} must be {' or '.join(map(repr, get_args(choices)))}, got {value!r}")
         if runner_factory is not None and runner_for is not None:
             raise ValueError("give runner_factory or runner_for, not both")
         if runner_factory is None and runner_for is None:
@@ -314,7 +314,7 @@ class ProxyEnvManager(EnvManager):
                 len(result.step_infos), n, n, n - 1, self.step_report_mismatches)
         aligned = alignment in ("exact", "last_missing")
         traj.turns = [self._turn(r, reports[i], alignment) for i, r in enumerate(requests)]
-        keyed = sum(1 for t in traj.turns if t.info.get("state_key_source") in ("game", "observation"))
+        keyed = sum(1 for t in traj.turns if t.info.get("state_key_source") in get_args(StateKeySource))
         common = {"num_branches": len(tracker.branches), "tracker": dict(tracker.stats),
                   "handler": dict(state.handler.stats),
                   "state_keys_from_runner": keyed}
