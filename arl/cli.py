@@ -1,16 +1,20 @@
 """`arl` command line: the only place that calls `asyncio.run` and decides how things are shown.
 
-    arl models [list|build NAME|path NAME]   the model zoo
-    arl chat MODEL "question"                 one chat turn through an engine (sanity check)
-    arl play ENV_ID [--seed N]                play a game in the terminal
-    arl demo                                  the README's demo (see `arl demo --help`)
-    arl train CONFIG [key=value ...]          train: CONFIG is a YAML path or a packaged name (`arl configs`)
-    arl eval MODEL [--config C] [--env ID]    a model on a game's validation panel: success, valid actions, turns
-    arl view RUN_DIR [-o FILE]                one self-contained HTML report of a run directory
+    arl train CONFIG [key=value ...] [--resume|--overwrite|--print-config]
+                                              train: CONFIG is a YAML path or a packaged name (`arl configs`)
+    arl eval MODEL [--config CONFIG] [...]    a model or checkpoint on a game's validation seeds
+    arl demo [key=value ...]                  the README's demo (see `arl demo --help`)
     arl configs                               the packaged configs and the command that runs each
-    arl bench NAME [ARGS...]                  run benchmarks/NAME.py of the checkout (e.g. overhead --quick)
-    arl plan MODEL... [--gpu-gb 24 80 141]    GPU memory each training setting needs, and where it fits
+    arl view RUN_DIR                          a run directory as one HTML report
+    arl play ENV_ID [--seed N]                play a game in the terminal
+    arl chat MODEL "question"                 one chat turn through an engine (sanity check)
+    arl models [list|build NAME|path NAME]    the model zoo
     arl doctor MODEL [--mode M] [--no-tools]  does MODEL's chat template render what each rollout mode feeds it?
+    arl plan MODEL... [--gpu-gb 24 80 141]    GPU memory each training setting needs, and where it fits
+    arl bench NAME [ARGS...]                  run benchmarks/NAME.py of the checkout (e.g. overhead --quick)
+
+`arl --help` lists the commands (`build_parser`, each with its one-line help), `arl COMMAND --help`
+one command. Flags and ``key=value`` overrides mix in any order (`parse_args`).
 """
 
 from __future__ import annotations
@@ -77,10 +81,14 @@ def _cmd_play(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from arl.config import load_config
-    from arl.train.checks import check_config
+    from arl.config import load_config, to_yaml
 
     config = load_config(args.config, [*args.overrides, *(["overwrite=true"] if args.overwrite else [])])
+    if args.print_config:  # the config as loaded; nothing is checked, built or written
+        sys.stdout.write(to_yaml(config))
+        return 0
+    from arl.train.checks import check_config
+
     check_config(config)  # the env id, estimator and runner resolve, before anything is built or written
     setup_logging(args.verbose, config.run_dir / LOG_FILE)
     history = asyncio.run(_train(config, resume=args.resume))
@@ -90,7 +98,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"validation success ({config.eval.num_seeds} fixed seeds, T={config.eval.temperature}): "
               f"{first['eval/success_rate']:.1%} at step {first['step']} -> "
               f"{last['eval/success_rate']:.1%} at step {last['step']}")
-    print(f"run directory: {config.run_dir} (metrics.jsonl, tb/, learning_curve.png, checkpoints, {LOG_FILE})")
+    run = config.run_dir
+    held = [f"{n} checkpoint(s)" for n in [len(list(run.glob("ckpt_*")))] if n]
+    held += [name for name in ("metrics.jsonl", "tb/", "learning_curve.png", "episodes.jsonl", "config.yaml", LOG_FILE)
+             if (run / name.rstrip("/")).exists()]
+    print(f"run directory: {run} ({', '.join(held)})")
     return 0
 
 
@@ -277,40 +289,57 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return 0
 
 
+TRAIN_HELP = """\
+Train a model from CONFIG, a YAML file or the name of a packaged config (`arl configs` lists
+them), with key=value overrides of its dotted fields (later ones win). Flags and overrides mix
+in any order: `arl train a.yaml steps=3 --resume` and `arl train --resume a.yaml steps=3` are one command.
+
+Where the run goes: OUT_DIR/NAME, the config's `out_dir` (default runs, relative to the current
+directory) and `name` (override either: out_dir=/data/runs name=try2). It holds the checkpoints
+(ckpt_<step>/), metrics.jsonl, tb/, learning_curve.png, episodes.jsonl, config.yaml (the config
+that ran) and arl.log. A directory that holds a run is never reused silently: --resume continues
+it, --overwrite deletes it and starts over; one left by a start that failed before its first
+step is no run and is replaced.
+
+Your own code comes in by import path, package.module:name (its package installed or on
+PYTHONPATH): rollout.env_id=my_pkg.games:my/Game-v0 (gymnasium's form: importing my_pkg.games
+registers the game), algo.estimator=my_pkg.adv:my_estimator, rollout.proxy.runner=my_pkg.agent:agent
+(a runner factory or an async agent function). They are imported and checked before anything is
+built or written: a mistake is an error naming the field (exit status 2).
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="arl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="arl", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="arl: train LLM agents with reinforcement learning on one machine, in one event loop.",
+        epilog="`arl COMMAND --help` shows a command's arguments. Start with `arl demo`, or `arl configs` "
+               "and `arl train NAME`.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="-v: info logs, -vv: debug logs")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # -v after the command too (`arl train x.yaml -v`); SUPPRESS keeps a -v given before it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="-v: info logs, -vv: debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
 
-    p = sub.add_parser("models", help="list, build or locate zoo models")
-    p.add_argument("action", nargs="?", default="list", choices=["list", "build", "path"])
-    p.add_argument("name", nargs="?")
-    p.set_defaults(func=_cmd_models)
+    def command(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=kwargs.pop("description", help[:1].upper() + help[1:] + "."),
+                              parents=[common], **kwargs)
 
-    p = sub.add_parser("chat", help="one chat turn through an engine")
-    p.add_argument("model")
-    p.add_argument("message")
-    p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
-    p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.set_defaults(func=_cmd_chat)
-
-    p = sub.add_parser("play", help="play a game in the terminal")
-    p.add_argument("env_id", nargs="?", default="arl/Sokoban-v0")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_cmd_play)
-
-    p = sub.add_parser("train", help="train from a YAML config: arl train CONFIG [dotted.key=value ...]")
+    p = command("train", "train a model from a YAML config (a file, or a packaged name: see `arl configs`)",
+                description=TRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="a YAML file, or the name of a packaged config (`arl configs` lists them), "
                                   "e.g. tiny_frozenlake_gigpo")
-    p.add_argument("overrides", nargs="*", help="e.g. optim.lr=3e-4 algo.estimator=grpo")
-    p.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. optim.lr=3e-4 algo.estimator=grpo steps=50")
+    p.add_argument("--resume", action="store_true", help="continue the run in OUT_DIR/NAME from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true",
-                   help="delete the run already in the run directory and start over (without it, arl refuses)")
+                   help="delete the run already in OUT_DIR/NAME and start over (without it, arl refuses)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the config as loaded, overrides applied, as YAML (what OUT_DIR/NAME/config.yaml "
+                        "will hold, optim.precision 'auto' not yet resolved) and exit without training")
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("eval", help="a model on a game's validation panel: success, valid actions, turns")
+    p = command("eval", "score a model or a checkpoint on a game's validation seeds: success, valid actions, turns")
     p.add_argument("model", help="zoo name, local HF directory or a run checkpoint (runs/NAME/ckpt_...)")
     p.add_argument("--config", default=None,
                    help="a training config: its game, mode, prompts, env kwargs and eval temperature (the flags "
@@ -331,20 +360,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
     p.set_defaults(func=_cmd_eval)
 
-    p = sub.add_parser("demo", help="the README demo: the tiny model learns FrozenLake on a CPU")
-    p.add_argument("overrides", nargs="*", help="dotted overrides of the packaged config tiny_frozenlake_gigpo")
+    p = command("demo", "the README demo: the tiny model learns FrozenLake on a CPU (~6 min), into a new run "
+                        "directory under runs/")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides of the packaged config tiny_frozenlake_gigpo")
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("configs", help="list the packaged configs (arl train NAME runs one from any directory)")
+    p = command("configs", "list the packaged configs and the command that runs each (`arl train NAME`)")
     p.set_defaults(func=_cmd_configs)
 
-    p = sub.add_parser("bench", help="run a benchmark script: arl bench NAME [ARGS...] (benchmarks/NAME.py)")
-    p.add_argument("name", help="overhead, engines, rollout, trainer_step, peers, envs")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script, e.g. --quick")
-    p.set_defaults(func=_cmd_bench)
+    p = command("view", "write a run directory as one HTML report: its config, before -> after, curves, episodes")
+    p.add_argument("run_dir", type=Path, help="the run directory (holds metrics.jsonl)")
+    p.add_argument("-o", "--output", type=Path, default=None, help="the HTML file (default RUN_DIR/report.html)")
+    p.set_defaults(func=_cmd_view)
 
-    p = sub.add_parser("doctor", help="check MODEL's chat template against each rollout mode, proxy with a text "
-                                      "and a tool agent (exit 1: one asked about is not token-exact)")
+    p = command("play", "play a game yourself in the terminal")
+    p.add_argument("env_id", nargs="?", default="arl/Sokoban-v0")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_play)
+
+    p = command("chat", "ask a model one question through an engine (a quick check that it runs)")
+    p.add_argument("model")
+    p.add_argument("message")
+    p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.set_defaults(func=_cmd_chat)
+
+    p = command("models", "list the zoo's models, build one, or print the directory it is cached in")
+    p.add_argument("action", nargs="?", default="list", choices=["list", "build", "path"])
+    p.add_argument("name", nargs="?")
+    p.set_defaults(func=_cmd_models)
+
+    p = command("doctor", "check that MODEL's chat template keeps the tokens exact in each rollout mode "
+                          "(exit 1 when one asked about does not)")
     p.add_argument("model", help="zoo name (tiny, smollm2-135m), local HF directory or a run checkpoint")
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.add_argument("--mode", choices=("traj", "step", "proxy"), default=None,
@@ -354,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template-kwargs", default=None, help='chat template kwargs as JSON, e.g. \'{"enable_thinking": false}\'')
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser("plan", help="GPU memory of training MODEL next to its vLLM engine, and which GPUs it fits")
+    p = command("plan", "estimate the GPU memory training MODEL next to its vLLM engine needs, and which GPUs it fits")
     p.add_argument("model", nargs="+", help="qwen2.5-0.5b|1.5b|3b|7b, smollm2-135m, tiny, a hub id of those, "
                                             "or a local HF directory")
     p.add_argument("--gpu-gb", type=float, nargs="+", default=[24, 80, 141], help="GPU sizes in GiB")
@@ -375,12 +425,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-overhead-gib", type=float, default=2.0, help="vLLM beside weights and KV cache")
     p.set_defaults(func=_cmd_plan)
 
-    p = sub.add_parser("view", help="a run dir as one self-contained HTML report: config, before -> after, "
-                                    "curves, episodes")
-    p.add_argument("run_dir", type=Path, help="the run directory (holds metrics.jsonl)")
-    p.add_argument("-o", "--output", type=Path, default=None, help="the HTML file (default RUN_DIR/report.html)")
-    p.set_defaults(func=_cmd_view)
+    p = command("bench", "run a benchmark script of the repository checkout: benchmarks/NAME.py with ARGS")
+    p.add_argument("name", help="overhead, engines, rollout, trainer_step, peers, envs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script, e.g. --quick")
+    p.set_defaults(func=_cmd_bench)
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """`build_parser`'s arguments, with ``key=value`` overrides and flags in any order.
+
+    argparse takes a command's positional arguments in one run, so the overrides after a flag
+    (`arl train a.yaml --resume steps=3`) would be "unrecognized"; they are appended to the
+    command's overrides here, in command-line order (a later one wins). The config is the one
+    positional without ``=`` (``--resume steps=3 a.yaml`` works too; a file whose name holds ``=``
+    is taken as the config when it exists).
+
+    >>> a = parse_args(["train", "a.yaml", "steps=3", "--resume", "name=x", "-v"])
+    >>> a.config, a.overrides, a.resume, a.verbose
+    ('a.yaml', ['steps=3', 'name=x'], True, 1)
+    >>> parse_args(["train", "--resume", "steps=3", "a.yaml"]).config
+    'a.yaml'
+    """
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and (not hasattr(args, "overrides") or any(a.startswith("-") for a in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    if getattr(args, "config", None) is not None and hasattr(args, "overrides"):
+        items = [args.config, *args.overrides]
+        configs = [i for i in items if "=" not in i or Path(i).is_file()]
+        if len(configs) != 1:
+            parser.error(f"arl {args.command}: one CONFIG (a YAML file or a packaged name) and key=value overrides, "
+                         f"got {'no config' if not configs else 'several: ' + ', '.join(configs)}")
+        args.config = configs[0]
+        args.overrides = [i for i in items if i is not configs[0]]
+    return args
 
 
 # -- what the terminal shows -------------------------------------------------------------------
@@ -482,7 +563,7 @@ def _reexec_with_preload() -> None:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a real command line (not a test calling main): run with the fast allocator
         _reexec_with_preload()
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     setup_logging(args.verbose)
     from arl.config import ConfigError, RunExistsError
     from arl.engine import EngineUnsupportedError

@@ -1,8 +1,10 @@
 """`arl eval` end to end: a zoo model on a game's validation panel, in both prompt styles and
-through the proxy; `arl demo` never reuses a run directory."""
+through the proxy; `arl demo` never reuses a run directory; `arl train` checks a config's names
+before it builds anything, prints a config, takes flags anywhere; `arl --help` names every command."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -113,7 +115,7 @@ def test_torch_log_records_go_to_the_log_file_not_the_terminal(tmp_path, capsys)
             lg.propagate = propagate
 
 
-# -- arl train checks a config's names first ------------------------------------------------------
+# -- arl train: checks first, --print-config, flags anywhere, help that says where the run goes ----
 
 
 def test_train_checks_the_names_a_config_gives_before_it_builds_or_writes_anything(tmp_path, monkeypatch, capsys):
@@ -133,3 +135,56 @@ def test_train_checks_the_names_a_config_gives_before_it_builds_or_writes_anythi
                     "engine.scripted={actions: [Light, Wait]}") == 0
     rows = [json.loads(line) for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
     assert any(f"env/{mod}:mine/Lamps-v0/success_rate" in row for row in rows)
+
+
+def test_print_config_prints_the_config_as_yaml_and_builds_nothing(tmp_path, capsys):
+    from outside_arl import arl_main
+
+    from arl.config import load_config
+
+    overrides = [f"out_dir={tmp_path}", "name=p", "steps=3", "algo.estimator=grpo"]
+    assert arl_main("train", "tiny_frozenlake_gigpo", *overrides[:2], "--print-config", *overrides[2:]) == 0
+    printed = capsys.readouterr().out
+    (tmp_path / "printed.yaml").write_text(printed)
+    assert load_config(tmp_path / "printed.yaml") == load_config("tiny_frozenlake_gigpo", overrides)
+    assert printed.startswith("name: p\n") and "estimator: grpo" in printed
+    assert not (tmp_path / "p").exists()
+
+
+def test_train_takes_flags_and_overrides_in_any_order():
+    from arl.cli import parse_args
+
+    for argv in (["train", "a.yaml", "steps=3", "--resume"], ["train", "--resume", "a.yaml", "steps=3"],
+                 ["train", "a.yaml", "--resume", "steps=3"], ["train", "steps=3", "--resume", "a.yaml"]):
+        args = parse_args(argv)
+        assert (args.config, args.overrides, args.resume) == ("a.yaml", ["steps=3"], True), argv
+    args = parse_args(["train", "a.yaml", "x=1", "--overwrite", "x=2", "-v", "--print-config"])
+    assert args.overrides == ["x=1", "x=2"] and args.overwrite and args.print_config and args.verbose == 1
+    assert parse_args(["-v", "demo", "steps=2"]).verbose == 1
+    for bad in (["train", "a.yaml", "--resume", "--nope"], ["train", "steps=3"], ["train", "a.yaml", "b.yaml"],
+                ["eval", "tiny", "steps=3"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+def test_help_lists_every_command_and_train_says_where_the_run_goes(capsys):
+    from arl.cli import build_parser
+
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    top = capsys.readouterr().out
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        line = next((row for row in top.splitlines() if row.split()[:1] == [name]), None)
+        assert line is not None and len(line.split()) > 3, f"`arl --help` has no line for {name!r}"
+        assert sub.description, name
+    import arl.cli
+
+    documented = {line.split()[1] for line in arl.cli.__doc__.splitlines() if line.strip().startswith("arl ")}
+    assert documented == set(commands.choices)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--help"])
+    train = " ".join(capsys.readouterr().out.split())
+    assert all(w in train for w in ("OUT_DIR/NAME", "out_dir", "name", "--resume", "--overwrite", "--print-config",
+                                    "package.module:name"))
