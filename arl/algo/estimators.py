@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from arl.algo.advantages import gigpo, gigpo_forked, grpo, reinforce
+from arl.algo.advantages import discounted_returns, gigpo, gigpo_forked, grpo, reinforce
 
 Estimator = Callable[[Sequence[Any], Any], tuple[np.ndarray, dict[str, float]]]
 _REGISTRY: dict[str, Estimator] = {}
@@ -143,9 +143,26 @@ def _no_branches(name: str, samples: Sequence[Any]) -> None:
 
 
 def _reinforce(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str, float]]:
-    """Each sample's own score minus the batch mean (`arl.algo.reinforce`)."""
+    """REINFORCE without a baseline (`arl.algo.reinforce`) on the return from each sample's first
+    action on: a trajectory sample holds its whole episode, so it gets ``episode_score``; a step
+    sample gets its discounted return-to-go from ``step_score`` (`discounted_returns`, ``gamma``),
+    not its immediate reward alone, which would credit no action with what it led to. A batch
+    whose rows repeat a (traj_id, step) pair holds several trajectory samples of one episode (the
+    proxy tracker's branches): each gets ``episode_score``.
+
+    >>> import types
+    >>> S = lambda r, R, t, k: types.SimpleNamespace(step_score=r, episode_score=R, traj_id=t, step=k)
+    >>> adv, _ = estimate("reinforce", [S(0.0, 1.0, "a", 0), S(1.0, 1.0, "a", 1)], types.SimpleNamespace(gamma=0.5))
+    >>> adv.tolist()  # the first step is credited with half the reward it led to
+    [0.5, 1.0]
+    """
     _no_branches("reinforce", samples)
-    return reinforce([s.score for s in samples]), {}
+    keys = [(s.traj_id, s.step) for s in samples]
+    if len(set(keys)) < len(keys):
+        return reinforce([s.episode_score for s in samples]), {}
+    returns = discounted_returns([s.step_score for s in samples], [s.traj_id for s in samples],
+                                 [s.step for s in samples], gamma=settings.gamma)
+    return reinforce(returns), {}
 
 
 def _grpo(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str, float]]:

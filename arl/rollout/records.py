@@ -123,7 +123,7 @@ class Sample:
     input_ids: list[int]
     response_mask: list[int]  # 1 on engine-generated tokens (the loss mask), else 0
     old_logprobs: list[float]  # engine log-probs at response positions, 0.0 elsewhere
-    score: float  # the reward this sample is credited with (episode score or step reward)
+    score: float  # == step_score (what collate puts on the last response token); estimators read the two below
     episode_score: float
     step_score: float  # this step's reward (== episode_score for trajectory samples)
     group_id: str  # members of a group played the same seed ("traj_group_id")

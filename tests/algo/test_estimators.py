@@ -4,6 +4,7 @@ trainer, benchmarks/credit.py and notebook 02 all call."""
 from __future__ import annotations
 
 import doctest
+import types
 
 import numpy as np
 import pytest
@@ -137,3 +138,21 @@ def test_arl_train_takes_an_estimator_from_the_users_package(tmp_path, monkeypat
     step = next(row for row in rows if row["step"] == 1 and "train/half_calls" in row)
     assert step["train/adv_abs_mean"] == 0.5
 
+
+
+def test_reinforce_credits_a_step_with_its_return_to_go_and_a_trajectory_with_its_episode():
+    """REINFORCE in step mode reads the discounted return from each step on (issue 44 §1: it read
+    the immediate reward alone, so a step that led to the goal got nothing); in trajectory mode
+    the episode score."""
+    settings = types.SimpleNamespace(gamma=0.9)
+
+    def row(r, total, traj, step):
+        return types.SimpleNamespace(step_score=r, episode_score=total, traj_id=traj, step=step, score=r)
+
+    steps = [row(0.0, 1.0, "a", 0), row(0.0, 1.0, "a", 1), row(1.0, 1.0, "a", 2), row(-0.1, -0.1, "b", 0)]
+    adv, _ = estimators.estimate("reinforce", steps, settings)
+    np.testing.assert_allclose(adv, [0.81, 0.9, 1.0, -0.1])
+    trajectories = [row(0.7, 0.7, "a", 0), row(0.2, 0.2, "b", 0)]
+    np.testing.assert_allclose(estimators.estimate("reinforce", trajectories, settings)[0], [0.7, 0.2])
+    branches = [row(0.5, 0.5, "a", 0), row(0.5, 0.5, "a", 0)]  # the proxy tracker's branches of one episode
+    np.testing.assert_allclose(estimators.estimate("reinforce", branches, settings)[0], [0.5, 0.5])
