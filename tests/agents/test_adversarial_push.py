@@ -63,10 +63,16 @@ AGENT = textwrap.dedent('''
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
-                with open(os.path.join(shared, "daemon.pid"), "w") as f:
+                with open(os.path.join(shared, "daemon.pid.tmp"), "w") as f:
                     f.write(str(os.getpid()))
+                os.replace(os.path.join(shared, "daemon.pid.tmp"), os.path.join(shared, "daemon.pid"))
                 time.sleep(120)
             os._exit(0)
+        # the daemon is left behind only once it runs: on a loaded machine the agent could otherwise
+        # finish (and its episode kill the daemon) before the daemon wrote its pid
+        deadline = time.time() + 20
+        while not os.path.exists(os.path.join(shared, "daemon.pid")) and time.time() < deadline:
+            time.sleep(0.05)
     with open(os.environ["ARL_RESULT_PATH"], "w") as f:
         json.dump({"score": 1.0, "success": True, "metrics": m}, f)
 ''')
