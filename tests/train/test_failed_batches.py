@@ -17,11 +17,11 @@ from arl.train import Trainer
 
 pytestmark = pytest.mark.anyio
 
-RUNNER = "rollout.proxy.runner=test_failed_batches:two_argument_factory"
+RUNNER = "rollout.proxy.runner=test_failed_batches:broken_factory"
 
 
-def two_argument_factory(client, spec):  # the contract is (client, spec, config, **runner_kwargs)
-    raise AssertionError("never called with two arguments")
+def broken_factory(client, spec, config):  # the contract's signature (a wrong one is refused at set-up:
+    raise RuntimeError("this agent cannot start")  # tests/train/test_checks.py), but every episode fails
 
 
 def _failed_config(tmp_path, *overrides: str):
@@ -39,7 +39,7 @@ async def test_every_episode_failing_names_the_counts_and_the_first_error(tmp_pa
     message = str(err.value)
     assert message.startswith(f"every episode of {what} failed ({episodes} of {episodes}: ")
     assert f"status Failed {episodes}; exit_reason agent_error {episodes})" in message
-    assert "the first one (" in message and "/0): TypeError: two_argument_factory() takes 2 positional" in message
+    assert "the first one (" in message and "/0): RuntimeError: this agent cannot start" in message
     assert len(err.value.episodes) == episodes
     assert "Traceback" in err.value.episodes[0].trajectory.traceback
 
