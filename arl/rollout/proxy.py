@@ -369,3 +369,13 @@ class ProxyEnvManager(EnvManager):
 
 
 __all__ = ["ProxyEnvManager", "RunnerFactory", "gym_runner_factory"]
+
+
+def __getattr__(name: str) -> Any:
+    """``Keep``, this module's old name of `arl.config.KeepBranches`: still importable, deprecated."""
+    if name == "Keep":
+        import warnings
+
+        warnings.warn(f"{__name__}.Keep is deprecated: use arl.config.KeepBranches", DeprecationWarning, stacklevel=2)
+        return KeepBranches
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
