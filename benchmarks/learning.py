@@ -136,15 +136,11 @@ async def run_game(game: str, config_path: Path, args: argparse.Namespace, runs_
     """Every (estimator, seed) run of one game on one shared engine."""
     import torch
 
-    from arl.config import load_config
     from arl.engine import make_engine
     from arl.train import Trainer
     from arl.train.lora import engine_config
-    from arl.train.precision import resolve_precision
 
-    # resolved as the Trainer does (optim.precision "auto", engine.dtype "policy"), so the shared engine
-    # is the one each run's trainer would have built
-    base = resolve_precision(load_config(config_path, run_overrides(args, game, None, None, runs_dir)))
+    base = resolved_config(config_path, run_overrides(args, game, None, None, runs_dir))
     t0 = time.perf_counter()
     engine = make_engine(engine_config(base))  # with vLLM's LoRA path when the config trains LoRA
     startup_s = time.perf_counter() - t0
@@ -153,7 +149,7 @@ async def run_game(game: str, config_path: Path, args: argparse.Namespace, runs_
     try:
         for estimator in args.estimators:
             for seed in args.seeds:
-                config = resolve_precision(load_config(config_path, run_overrides(args, game, estimator, seed, runs_dir)))
+                config = resolved_config(config_path, run_overrides(args, game, estimator, seed, runs_dir))
                 assert config.engine == base.engine, "every run of a game must fit the shared engine"
                 tag = f"[{game} {estimator} s{seed}]"
                 t0 = time.perf_counter()
@@ -190,6 +186,16 @@ async def run_game(game: str, config_path: Path, args: argparse.Namespace, runs_
             "model_params": n_params, "device": device, "steps": base.steps,
             "episodes_per_step": base.rollout.num_groups * base.rollout.group_size,
             "eval_every": base.eval.every, "eval_num_seeds": base.eval.num_seeds, "runs": runs}
+
+
+def resolved_config(config_path: Path, overrides: list[str]) -> Any:
+    """The config as the Trainer resolves it (optim.precision "auto", engine.dtype "policy"): the shared
+    engine is the one each run's trainer would have built, and the setup a result file records is the
+    one an --add-to run is compared with."""
+    from arl.config import load_config
+    from arl.train.precision import resolve_precision
+
+    return resolve_precision(load_config(config_path, overrides))
 
 
 def setup_of(config: Any) -> dict[str, Any]:
@@ -488,12 +494,10 @@ def main() -> None:
     out = args.out or args.add_to or result_path("learning", args.quick)
     previous = load_previous(args.add_to) if args.add_to else []
     if previous:  # refuse a mismatched setup now, not after hours of runs
-        from arl.config import load_config
-
         for g in previous:
             if g["game"] in args.games:
-                check_same_setup(g, setup_of(load_config(configs[g["game"]],
-                                                         run_overrides(args, g["game"], None, None, Path(".")))))
+                check_same_setup(g, setup_of(resolved_config(configs[g["game"]],
+                                                             run_overrides(args, g["game"], None, None, Path(".")))))
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="arl-bench-learning-"))
     started = time.perf_counter()
     results = []

@@ -213,6 +213,22 @@ def test_learning_add_to_pools_runs_of_the_same_setup_only():
         learning.merge_games(old, [game([("grpo", 2, "new")], rollout__spare_groups=2)])
 
 
+def test_learning_add_to_compares_the_setup_it_records():
+    """The check before an --add-to run compares the config resolved as the recorded setup is (engine.dtype
+    "policy" and optim.precision "auto" made concrete), so a config that says "policy" pools with its
+    own earlier result instead of being refused as another setup."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import learning
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    config = ROOT / "configs" / "smollm2_sokoban_gigpo.yaml"
+    recorded = learning.setup_of(learning.resolved_config(config, ["seed=0"]))
+    assert recorded["engine"]["dtype"] in ("bfloat16", "float32")  # "policy" resolved
+    learning.check_same_setup({"game": "sokoban", "setup": recorded},
+                              learning.setup_of(learning.resolved_config(config, ["seed=1"])))
+
+
 def test_credit_quick(tmp_path):
     result = _run("credit.py", tmp_path, timeout=180)
     (geometry,) = result["geometries"]
