@@ -14,7 +14,9 @@ for choices, the allowed values.
 
 from __future__ import annotations
 
+import copy
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -135,10 +137,11 @@ class ManagerConfig:
             raise ValueError("system_prompt applies to prompt_style 'compact' only (the full style sends its own)")
 
 
-# rollout.proxy's choices. transport: a function call | the HTTP proxy server; tracker_mode: a sample per
-# conversation branch | per model call; keep_branches (tracker_mode traj): every branch's | the longest's
+# rollout.proxy's choices. transport: a function call | the HTTP proxy server; granularity: a sample per
+# conversation branch (traj) | per model call (step); keep_branches (granularity traj): every
+# conversation branch's sample | the longest's (a conversation branch: `arl.intercept.tracker`)
 Transport = Literal["inprocess", "http"]
-TrackerMode = Literal["traj", "step"]
+Granularity = Literal["traj", "step"]
 KeepBranches = Literal["all", "longest"]
 
 
@@ -150,13 +153,19 @@ class ProxyConfig:
     runner: str = "gym"  # gym | tool | push | pull | "package.module:factory"
     transport: str = attrs.field(default="inprocess", validator=v.in_(get_args(Transport)))
     # step: one exact sample per model call, its prompt as the agent sent it, which fits every agent
-    # (one that rewrites its history too) and gives GiGPO its steps
-    tracker_mode: str = attrs.field(default="step", validator=v.in_(get_args(TrackerMode)))
+    # (one that rewrites its history too) and gives GiGPO its steps; traj: one per conversation branch
+    granularity: str = attrs.field(default="step", validator=v.in_(get_args(Granularity)))
     keep_branches: str = attrs.field(default="all", validator=v.in_(get_args(KeepBranches)))
     runner_kwargs: dict[str, Any] = attrs.Factory(dict)  # passed to the runner factory
     # Does the agent send `tools` / get tool calls back? auto: gym is a text agent, any other runner
     # a tool agent (`check_rollout` checks the chat template for what the agent needs).
     tools: Any = attrs.field(default="auto", validator=v.in_(("auto", True, False)))
+
+    @property
+    def tracker_mode(self) -> str:
+        """Deprecated: the old name of `granularity`."""
+        warnings.warn("ProxyConfig.tracker_mode is renamed granularity", DeprecationWarning, stacklevel=2)
+        return self.granularity
 
 
 MODES = ("traj", "step", "proxy")  # rollout.mode
@@ -194,7 +203,8 @@ class AlgoConfig:
     estimator: str = attrs.field(default="gigpo", validator=v.instance_of(str))
     gamma: float = 0.95
     step_weight: float = 1.0
-    gigpo_mode: str = attrs.field(default="mean_norm", validator=v.in_(("mean_norm", "mean_std_norm")))
+    # GiGPO's normalisation of both advantages: mean_norm (A = R - mean) | mean_std_norm (/ std too)
+    gigpo_norm: str = attrs.field(default="mean_norm", validator=v.in_(("mean_norm", "mean_std_norm")))
     invalid_penalty: float = 0.0
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
@@ -204,6 +214,12 @@ class AlgoConfig:
     entropy_coef: float = 0.0
     is_cap: float | None = 3.0  # truncated importance sampling between trainer and engine log-probs
     is_level: str = attrs.field(default="token", validator=v.in_(("token", "sequence")))
+
+    @property
+    def gigpo_mode(self) -> str:
+        """Deprecated: the old name of `gigpo_norm` (an estimator of a user's may still read it)."""
+        warnings.warn("AlgoConfig.gigpo_mode is renamed gigpo_norm", DeprecationWarning, stacklevel=2)
+        return self.gigpo_norm
 
 
 PRECISIONS = ("fp32", "bf16", "auto")  # optim.precision; "auto": bf16 where the device computes it fast
@@ -347,8 +363,39 @@ def _path_of(exc: BaseException) -> list[str]:
                    lambda m: f"{m[2]} @ {m[1] if m[3] == 'top level' else m[3] + '.' + m[1]}", line) for line in lines]
 
 
+# Keys renamed for one word per concept (docs/architecture.md, "Glossary"): the old key still
+# loads, with a DeprecationWarning naming the new one.
+RENAMED_KEYS = {"algo.gigpo_mode": "algo.gigpo_norm", "rollout.proxy.tracker_mode": "rollout.proxy.granularity"}
+
+
+def _rename_old_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each old key of `RENAMED_KEYS` moved to its new name (both given: an error).
+
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     _rename_old_keys({"algo": {"gigpo_mode": "mean_std_norm", "gamma": 0.5}})
+    {'algo': {'gamma': 0.5, 'gigpo_norm': 'mean_std_norm'}}
+    """
+    data = copy.deepcopy(data)
+    for old, new in RENAMED_KEYS.items():
+        *sections, old_key = old.split(".")
+        new_key = new.rsplit(".", 1)[1]
+        node: Any = data
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or old_key not in node:
+            continue
+        if new_key in node:
+            raise ConfigError(f"invalid config: {old} is the old name of {new}; give only {new}")
+        warnings.warn(f"config key {old} is renamed {new}", DeprecationWarning, stacklevel=3)
+        node[new_key] = node.pop(old_key)
+    return data
+
+
 def structure(data: dict[str, Any]) -> TrainConfig:
-    """Dict -> TrainConfig with errors that name the field."""
+    """Dict -> TrainConfig with errors that name the field (an old key of `RENAMED_KEYS` loads too)."""
+    data = _rename_old_keys(data)
     try:
         return _converter.structure(data, TrainConfig)
     except (cattrs.ClassValidationError, cattrs.ForbiddenExtraKeysError, ValueError, TypeError) as exc:
@@ -392,35 +439,99 @@ def packaged_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
+def _packaged_config(name: str) -> Path | None:
+    """The packaged config a bare name (no directory part) names, else None."""
+    if "/" in name or "\\" in name:  # a path, never looked up among the packaged names
+        return None
+    packaged = CONFIG_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
+    return packaged if packaged.is_file() else None
+
+
 def resolve_config_path(name_or_path: str | Path) -> Path:
     """An existing file path wins; else a packaged config by name (`tiny_frozenlake_gigpo[.yaml]`)."""
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
     name = str(name_or_path)
-    if "/" not in name and "\\" not in name:  # a bare name, not a path
-        packaged = CONFIG_DIR / (name if name.endswith(".yaml") else f"{name}.yaml")
-        if packaged.is_file():
-            return packaged
+    packaged = _packaged_config(name)
+    if packaged is not None:
+        return packaged
     raise ConfigError(f"no config {name!r}: not a file, and not a packaged config "
                       f"(packaged: {', '.join(packaged_configs()) or 'none'})")
 
 
+def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping the config file at ``path`` describes: its YAML merged over its ``base:``.
+
+    A top-level ``base: OTHER`` (a string) names the config this one changes. OTHER is a path
+    relative to the directory of the file that names it (``tiny_frozenlake_gigpo.yaml``,
+    ``../shared/a.yaml``, or absolute) or, when no such file exists, a packaged config's name as
+    `resolve_config_path` takes it (``tiny_frozenlake_gigpo`` or ``tiny_frozenlake_gigpo.yaml``);
+    the working directory plays no part. The base is read by this same function (so it may name
+    a base of its own: chains), then the file is merged over it, for every key k:
+
+        merged[k] = merge(base[k], file[k])    both values are mappings: the same rule, key by key
+        merged[k] = file[k]                    k in the file, otherwise (scalar, list, null)
+        merged[k] = base[k]                    k only in the base
+
+    Edge cases: a list replaces the base's whole (no concatenation); ``null`` replaces too (it
+    neither deletes the key nor restores the field's default: write the default's value); a key
+    of a base's mapping cannot be removed (``runner_kwargs: {}`` keeps the base's entries); a
+    mapping replaces a base's scalar and a scalar a base's mapping. ``base`` itself is dropped
+    (it never reaches `structure`); ``name`` merges like any key, so a config that does not give
+    its own runs under its base's name. A file met again on the way down raises ConfigError
+    listing the cycle's files; a base that is neither a file nor a packaged name raises
+    ConfigError naming the file that asked for it and the base as written.
+
+    Example: b.yaml ``{base: a.yaml, name: b, algo: {kl_coef: 2.0}, engine:
+    {kv_cache_memory_bytes: null}, lora: {target_modules: [q_proj]}}`` over a.yaml ``{name: a,
+    steps: 200, algo: {gamma: 0.5, kl_coef: 0.5}, engine: {kv_cache_memory_bytes: 268435456},
+    lora: {rank: 8, target_modules: [q_proj, v_proj]}}`` reads as ``{name: b, steps: 200, algo:
+    {gamma: 0.5, kl_coef: 2.0}, engine: {kv_cache_memory_bytes: null}, lora: {rank: 8,
+    target_modules: [q_proj]}}``.
+    """
+    path, here = Path(path), Path(path).resolve()
+    if here in _chain:
+        cycle = [*_chain[_chain.index(here):], here]
+        raise ConfigError("configs name each other as base: " + " -> ".join(str(p) for p in cycle))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level")
+    data = data or {}
+    if "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"config {path}: base must name a config (a path or a packaged name), not {base!r}")
+    beside = path.parent / Path(base).expanduser()
+    base_path = beside if beside.is_file() else _packaged_config(base)
+    if base_path is None:
+        raise ConfigError(f"config {path}: its base {base!r} is neither a file ({beside}) nor a packaged config")
+
+    def merge(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        return {**under, **{k: merge(under[k], v) if isinstance(v, dict) and isinstance(under.get(k), dict) else v
+                            for k, v in over.items()}}
+
+    return merge(read_config_data(base_path, (*_chain, here)), data)
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """YAML file (optional) + dotted overrides -> validated TrainConfig."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = resolve_config_path(path)
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config {path} must be a mapping at the top level")
-        data = loaded or {}
+    """YAML file (optional; `read_config_data`: with its ``base:`` merged in) + dotted overrides
+    -> validated TrainConfig."""
+    data = read_config_data(resolve_config_path(path)) if path is not None else {}
     config = structure(apply_overrides(data, overrides))
     if config.engine.backend not in BACKENDS:  # pragma: no cover - validated by EngineConfig
         raise ConfigError(f"engine.backend must be one of {BACKENDS}")
     return config
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TrackerMode":  # renamed for one word per concept (docs/architecture.md, "Glossary")
+        warnings.warn("arl.config.TrackerMode is renamed Granularity", DeprecationWarning, stacklevel=2)
+        return Granularity
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ def manager_for(name: str, engine: Any, config: Any) -> Any:
     from arl.rollout.factory import make_manager  # on use: _util stays light
 
     mode, transport = MANAGER_MODES[name]
-    proxy = ProxyConfig(transport=transport, tracker_mode="traj")
+    proxy = ProxyConfig(transport=transport, granularity="traj")
     return make_manager(engine, RolloutConfig(mode=mode, manager=config, proxy=proxy))
 
 

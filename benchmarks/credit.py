@@ -162,7 +162,7 @@ def settings_of(spec: dict[str, Any], **changes: Any) -> Any:
     import types
 
     fields = {k: v for k, v in spec.items() if k not in ("estimator", "mode")}
-    return types.SimpleNamespace(**{**fields, "gigpo_mode": spec.get("mode"), **changes})
+    return types.SimpleNamespace(**{**fields, "gigpo_norm": spec.get("mode"), **changes})
 
 
 def noise_share(adv: np.ndarray, cells: list[tuple[Any, ...]]) -> float:

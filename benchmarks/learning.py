@@ -10,7 +10,7 @@
 
 Every run is the game's config (configs/tiny_frozenlake_gigpo.yaml, configs/tiny_sokoban_gigpo.yaml)
 with the estimator (`grpo`: algo.estimator=grpo; `gigpo-mean` / `gigpo-meanstd`: algo.estimator=gigpo
-with algo.gigpo_mode=mean_norm / mean_std_norm; `proxy-gigpo-mean`: GiGPO mean_norm with
+with algo.gigpo_norm=mean_norm / mean_std_norm; `proxy-gigpo-mean`: GiGPO mean_norm with
 rollout.mode=proxy, arl's GymRunner playing through the in-process proxy with the step tracker and
 the step manager's prompts), the seed, and the trailing dotted overrides, which apply to every run.
 Per run it also records GiGPO's anchor-group statistics per training step, printed per run so two
@@ -58,15 +58,15 @@ GAMES = {"frozenlake": REPO / "configs" / "tiny_frozenlake_gigpo.yaml",
 GAME_NAMES = {"frozenlake": "FrozenLake 4x4", "sokoban": "Sokoban 6x6"}
 ESTIMATORS = {
     "grpo": ["algo.estimator=grpo"],
-    "gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_norm"],
-    "gigpo-meanstd": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_std_norm"],
+    "gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_norm=mean_norm"],
+    "gigpo-meanstd": ["algo.estimator=gigpo", "algo.gigpo_norm=mean_std_norm"],
     # GiGPO mean_norm with the rollout played by agent code: arl's GymRunner through the in-process
     # proxy (step tracker, the step manager's prompts), anchors keyed by the grids it reports.
-    "proxy-gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_norm", "rollout.mode=proxy",
+    "proxy-gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_norm=mean_norm", "rollout.mode=proxy",
                          "rollout.proxy.runner=gym", "rollout.proxy.transport=inprocess",
-                         "rollout.proxy.tracker_mode=step", "rollout.proxy.runner_kwargs={conversation: step}"],
+                         "rollout.proxy.granularity=step", "rollout.proxy.runner_kwargs={conversation: step}"],
     # GiGPO mean_norm whose first state is forked: an anchor group of exactly 4 there (arl/rollout/fork.py)
-    "fork-gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_mode=mean_norm",
+    "fork-gigpo-mean": ["algo.estimator=gigpo", "algo.gigpo_norm=mean_norm",
                         "rollout.manager.fork={k: 4, at: first, states: 1}"],
 }
 COLORS = {"grpo": "tab:orange", "gigpo-mean": "tab:blue", "gigpo-meanstd": "tab:green",
@@ -241,7 +241,7 @@ ADDED_KEYS = {
 def check_same_setup(previous_game: dict[str, Any], setup: dict[str, Any]) -> None:
     """SystemExit naming every differing field unless `setup` is the earlier game's (estimator aside;
     keys added since, at their old behaviour's value, aside: `ADDED_KEYS`)."""
-    ignore = ("algo.estimator", "algo.gigpo_mode", "rollout.mode", "rollout.proxy",  # set per run by ESTIMATORS
+    ignore = ("algo.estimator", "algo.gigpo_norm", "algo.gigpo_mode", "rollout.mode", "rollout.proxy",  # set per run by ESTIMATORS
               "rollout.manager.fork")
     added = {f"{k}: None vs {v!r}" for k, v in ADDED_KEYS.items()}
     differ = [d for d in _differences(previous_game["setup"], setup)

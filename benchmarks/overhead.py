@@ -136,7 +136,7 @@ def agent_manager(runner_cls: type, transport: str, engine: Any, config: Manager
     """proxy-http's manager (the "traj" tracker) playing ``runner_cls``: over loopback HTTP
     (``transport="http"``), or with its openai clients in-process (``"inproc"``, as proxy-openai-inproc)."""
     manager = ProxyEnvManager(engine, config, runner_for=bind_runner(gym_runner, runner_cls=runner_cls),
-                              transport="http", tracker_mode="traj")
+                              transport="http", granularity="traj")
     return in_process(manager) if transport == "inproc" else manager
 
 

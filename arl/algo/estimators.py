@@ -8,7 +8,7 @@ An estimator maps a batch of samples to one advantage per sample:
 ``episode_score``, ``step_score``, ``group_id``, ``traj_id``, ``step``, ``state_hash``,
 ``action_valid``; the forked rows of `arl.rollout.fork` also ``fork_id``, ``fork_rewards``,
 ``branch``, read where present); ``settings`` anything with the `arl.config.AlgoConfig` fields it reads
-(``gamma``, ``step_weight``, ``gigpo_mode``, ``invalid_penalty``; GiGPO's ablation knobs
+(``gamma``, ``step_weight``, ``gigpo_norm``, ``invalid_penalty``; GiGPO's ablation knobs
 ``episode_stats`` and ``singleton`` where present). ``stats`` are plain floats named without a
 namespace (the trainer logs them under ``train/``): ``adv_abs_mean`` always, and an estimator's
 own (``gigpo_anchor_group_size_mean``, ...).
@@ -182,7 +182,7 @@ def _gigpo(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str,
         [s.episode_score for s in samples], [s.step_score for s in samples], [s.group_id for s in samples],
         [s.traj_id for s in samples], [s.step for s in samples], [s.state_hash for s in samples],
     )
-    options = dict(gamma=settings.gamma, step_weight=settings.step_weight, mode=settings.gigpo_mode,
+    options = dict(gamma=settings.gamma, step_weight=settings.step_weight, mode=settings.gigpo_norm,
                    invalid_penalty=getattr(settings, "invalid_penalty", 0.0),
                    action_valid=[s.action_valid for s in samples], **extra)
     fork_ids = [getattr(s, "fork_id", None) for s in samples]

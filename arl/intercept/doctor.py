@@ -30,7 +30,7 @@ calls and their two results, then user / assistant turns; every assistant turn h
     text-game conversation;
   - ``step`` (`StepEnvManager`): a fresh templated prompt per turn, exact unless the template
     has no generation prompt that extends the conversation;
-  - ``proxy-traj`` / ``proxy-step`` (`ProxyEnvManager`'s ``tracker_mode``) with a **text agent**,
+  - ``proxy-traj`` / ``proxy-step`` (`ProxyEnvManager`'s ``granularity``) with a **text agent**,
     one that never sends tools nor gets tool calls back (`GymRunner`): a `MessageTracker` fed the
     text game request by request: every request's prompt, and the branch's sample;
   - ``proxy-traj+tools`` / ``proxy-step+tools``: the same with a **tool agent** (`ToolCallRunner`,
@@ -66,10 +66,10 @@ SETTINGS = ("traj", "step", "proxy-traj", "proxy-step", "proxy-traj+tools", "pro
 SETTING_CONFIG = {
     "traj": "rollout.mode=traj",
     "step": "rollout.mode=step",
-    "proxy-traj": "rollout.mode=proxy rollout.proxy.tracker_mode=traj with a text agent",
-    "proxy-step": "rollout.mode=proxy rollout.proxy.tracker_mode=step with a text agent",
-    "proxy-traj+tools": "rollout.mode=proxy rollout.proxy.tracker_mode=traj with a tool agent",
-    "proxy-step+tools": "rollout.mode=proxy rollout.proxy.tracker_mode=step with a tool agent",
+    "proxy-traj": "rollout.mode=proxy rollout.proxy.granularity=traj with a text agent",
+    "proxy-step": "rollout.mode=proxy rollout.proxy.granularity=step with a text agent",
+    "proxy-traj+tools": "rollout.mode=proxy rollout.proxy.granularity=traj with a tool agent",
+    "proxy-step+tools": "rollout.mode=proxy rollout.proxy.granularity=step with a tool agent",
 }
 TEXT_AGENT_CONFIG = "rollout.proxy.tools=false"  # declares an agent program a text agent (factory.agent_tools)
 

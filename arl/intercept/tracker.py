@@ -34,10 +34,10 @@ tokens the engine sampled. The tracker bridges the two for one episode:
      engine did not generate is a *history rewrite* (``stats["history_rewrites"]``): the agent
      re-sends past turns in its own form (smolagents writes the model's output back in its own
      text format, so every call forks). Traj samples of such an agent are one short branch per
-     call; ``tracker_mode="step"`` (one sample per call, its prompt as the agent sent it) fits
+     call; ``granularity="step"`` (one sample per call, its prompt as the agent sent it) fits
      it. The first rewrite is logged once per process as a warning that says so
      (``logging.getLogger("arl.intercept.tracker")``), unless the tracker was built with
-     ``tracker_mode="step"``.
+     ``granularity="step"``.
   3. A response that repeats word for word a message the engine already generated at the same
      place (same key) *is* that message: the first recorded tokens stand for it, the repeat adds
      no tokens to traj samples (step mode keeps its own sample), and a branch left with no
@@ -196,11 +196,11 @@ class MessageTracker:
 
     def __init__(
         self, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None,
-        *, chat_template_kwargs: dict[str, Any] | None = None, tracker_mode: str | None = None,
+        *, chat_template_kwargs: dict[str, Any] | None = None, granularity: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
-        self.tracker_mode = tracker_mode  # the samples' mode, when known: "step" silences the rewrite warning
+        self.granularity = granularity  # the samples' mode, when known: "step" silences the rewrite warning
         self._kwargs = tuple(sorted((chat_template_kwargs or {}).items()))
         self._nodes: dict[str, Node] = {}
         # chain_key memo: every request re-sends the whole history, so without it each call would
@@ -360,13 +360,13 @@ class MessageTracker:
 
     def _history_rewrite(self) -> None:
         self.stats["history_rewrites"] += 1
-        if self.tracker_mode == "step" or _REWRITE_WARNED:
+        if self.granularity == "step" or _REWRITE_WARNED:
             return
         _REWRITE_WARNED.append(True)
         _log.warning(
             "the agent re-sends earlier turns rewritten (an assistant message the engine did not generate, in a "
             "request that forks: e.g. smolagents' own text format), so its calls do not chain into one trajectory; "
-            "tracker_mode='step' fits this agent (rollout.proxy.tracker_mode=step: one exact sample per call). "
+            "granularity='step' fits this agent (rollout.proxy.granularity=step: one exact sample per call). "
             "Counted per episode in MessageTracker.stats['history_rewrites'] (a proxy sample's info['tracker']); "
             "logged once.")
 

@@ -66,7 +66,7 @@ def make_manager(engine: Any, rollout: RolloutConfig, manager_config: ManagerCon
             check_pull_env(rollout.env_id, config.env_kwargs)  # BugFix has no hidden tests there: refused
         return ProxyEnvManager(
             engine, config, runner_for=runner_binder(p), transport=p.transport,  # type: ignore[arg-type]
-            tracker_mode=p.tracker_mode, keep_branches=p.keep_branches,  # type: ignore[arg-type]
+            granularity=p.granularity, keep_branches=p.keep_branches,  # type: ignore[arg-type]
         )
     raise ValueError(f"rollout.mode={rollout.mode!r} is not one of {', '.join(MODES)}")
 
@@ -106,16 +106,16 @@ def check_rollout(tokenizer: Any, rollout: Any, manager: Any = None, *, model: s
     that will run; raises `TemplateDriftError` when the setting it needs is not token-exact.
 
     With ``manager=None``, the one ``rollout`` (a `RolloutConfig`) configures: ``mode`` traj or
-    step, or proxy with ``proxy.tracker_mode`` and a text or tool agent (`agent_tools`). An
+    step, or proxy with ``proxy.granularity`` and a text or tool agent (`agent_tools`). An
     injected manager is checked by what it is: arl's `TrajEnvManager`, `StepEnvManager`, or
-    `ProxyEnvManager` with its ``tracker_mode`` and ``chat_template_kwargs``, whose agent is not
+    `ProxyEnvManager` with its ``granularity`` and ``chat_template_kwargs``, whose agent is not
     known: a text agent unless ``rollout.proxy.tools`` is true; any other manager is not checked (None).
     """
     kwargs, agent = None, ""
     if manager is None:
         if rollout.mode == "proxy":
             p = rollout.proxy
-            setting = f"proxy-{p.tracker_mode}" + ("+tools" if agent_tools(p) else "")
+            setting = f"proxy-{p.granularity}" + ("+tools" if agent_tools(p) else "")
             agent = f"rollout.proxy.runner={p.runner}"
             if p.tools != "auto":
                 agent += f" rollout.proxy.tools={str(p.tools).lower()}"
@@ -123,7 +123,7 @@ def check_rollout(tokenizer: Any, rollout: Any, manager: Any = None, *, model: s
             setting = rollout.mode
     elif isinstance(manager, ProxyEnvManager):
         tools = getattr(getattr(rollout, "proxy", None), "tools", "auto") is True
-        setting = f"proxy-{manager.tracker_mode}" + ("+tools" if tools else "")
+        setting = f"proxy-{manager.granularity}" + ("+tools" if tools else "")
         kwargs = manager.chat_template_kwargs
         agent = "rollout.proxy.tools=true" if tools else ""
     elif isinstance(manager, TrajEnvManager):

@@ -9,7 +9,7 @@ plain function call, episode key ``spec.traj_id``) or a stock ``openai.AsyncOpen
 key) — hands the client to ``runner_factory(client, spec)`` and awaits
 ``runner.run_job(spec.seed)``.
 
-After the episode the tracker yields the samples: ``tracker_mode="traj"`` one per branch (see
+After the episode the tracker yields the samples: ``granularity="traj"`` one per branch (see
 `MessageTracker` for forks; ``keep_branches="longest"`` keeps one) scored with the runner's
 episode score; ``"step"`` (the default, as in ``rollout.proxy``: `arl.config.ProxyConfig` holds
 the manager's defaults) one per model call, scored with the runner's ``step_scores`` when it
@@ -37,6 +37,7 @@ import functools
 import logging
 import secrets
 import traceback
+import warnings
 from typing import Any, get_args
 
 import anyio
@@ -44,7 +45,7 @@ import attrs
 
 from arl.agents.gym_runner import GymRunner
 from arl.agents.runner import AgentRunner, EpisodeResult, StepReport
-from arl.config import KeepBranches, ManagerConfig, ProxyConfig, TrackerMode, Transport
+from arl.config import Granularity, KeepBranches, ManagerConfig, ProxyConfig, Transport
 from arl.engine.tokens import TokenRow
 from arl.envs.game import StateKeySource, state_hash
 from arl.intercept.client import InProcessClient
@@ -123,16 +124,20 @@ class ProxyEnvManager(EnvManager):
         runner_factory: RunnerFactory | None = None,
         *,
         transport: Transport = _DEFAULTS.transport,  # type: ignore[assignment]
-        tracker_mode: TrackerMode = _DEFAULTS.tracker_mode,  # type: ignore[assignment]
+        granularity: Granularity = _DEFAULTS.granularity,  # type: ignore[assignment]
         keep_branches: KeepBranches = _DEFAULTS.keep_branches,  # type: ignore[assignment]
         server: ProxyServer | None = None,
         model_name: str = "arl",
         chat_template_kwargs: dict[str, Any] | None = None,
         runner_for: RunnerBinder | None = None,
+        tracker_mode: Granularity | None = None,  # deprecated: the old name of granularity
     ) -> None:
         super().__init__(engine, config)
+        if tracker_mode is not None:
+            warnings.warn("ProxyEnvManager(tracker_mode=...) is renamed granularity", DeprecationWarning, stacklevel=2)
+            granularity = tracker_mode
         for name, value, choices in (("transport", transport, Transport),
-                                     ("tracker_mode", tracker_mode, TrackerMode)):
+                                     ("granularity", granularity, Granularity)):
             if value not in get_args(choices):
                 raise ValueError(f"{name} must be {' or '.join(map(repr, get_args(choices)))}, got {value!r}")
         if runner_factory is not None and runner_for is not None:
@@ -143,11 +148,11 @@ class ProxyEnvManager(EnvManager):
         self._runner_for = runner_for
         self.runner_factory = runner_factory or runner_for(self.config)  # type: ignore[misc]
         self.transport = transport
-        self.tracker_mode = tracker_mode
+        self.granularity = granularity
         self.keep_branches = keep_branches
         self.model_name = model_name
         self.chat_template_kwargs = chat_template_kwargs
-        self.mode = f"proxy-{tracker_mode}"
+        self.mode = f"proxy-{granularity}"
         self.server = server
         self._own_server = False
         self._server_lock = anyio.Lock()
@@ -188,6 +193,12 @@ class ProxyEnvManager(EnvManager):
                                     http_client=self._http_client)
         return client, token
 
+    @property
+    def tracker_mode(self) -> str:
+        """Deprecated: the old name of `granularity`."""
+        warnings.warn("ProxyEnvManager.tracker_mode is renamed granularity", DeprecationWarning, stacklevel=2)
+        return self.granularity
+
     def derive(self, config: ManagerConfig | None = None, engine: Any = None) -> ProxyEnvManager:
         """The same agent, transport and tracker with another config (the validation manager's
         temperature) or engine (the warm-start teacher). A `RunnerBinder` given as ``runner_for`` is
@@ -198,7 +209,7 @@ class ProxyEnvManager(EnvManager):
         )
         return ProxyEnvManager(
             self.engine if engine is None else engine, config, transport=self.transport,  # type: ignore[arg-type]
-            tracker_mode=self.tracker_mode, keep_branches=self.keep_branches, model_name=self.model_name,  # type: ignore[arg-type]
+            granularity=self.granularity, keep_branches=self.keep_branches, model_name=self.model_name,  # type: ignore[arg-type]
             chat_template_kwargs=self.chat_template_kwargs, **kwargs,
         )
 
@@ -318,7 +329,7 @@ class ProxyEnvManager(EnvManager):
         common = {"num_branches": len(tracker.branches), "tracker": dict(tracker.stats),
                   "handler": dict(state.handler.stats),
                   "state_keys_from_runner": keyed}
-        if self.tracker_mode == "step":
+        if self.granularity == "step":
             samples = []
             for t in tracker.step_samples():
                 turn = traj.turns[t.requests[0]]
@@ -374,8 +385,6 @@ __all__ = ["ProxyEnvManager", "RunnerFactory", "gym_runner_factory"]
 def __getattr__(name: str) -> Any:
     """``Keep``, this module's old name of `arl.config.KeepBranches`: still importable, deprecated."""
     if name == "Keep":
-        import warnings
-
         warnings.warn(f"{__name__}.Keep is deprecated: use arl.config.KeepBranches", DeprecationWarning, stacklevel=2)
         return KeepBranches
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,7 +40,7 @@ async def test_push_mode_agent_matches_traj_manager(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, invalid_rate=0.3)
     command = [*AGENT, "--env-id", "arl/Sokoban-v0", "--max-tokens", "24"]
     async with ProxyEnvManager(engine, CONFIG, push(command, timeout_s=120), transport="http",
-                               tracker_mode="traj") as manager:
+                               granularity="traj") as manager:
         got = await manager.run_episode(spec(env_id="arl/Sokoban-v0"))
     want = await TrajEnvManager(engine, CONFIG).run_episode(spec(env_id="arl/Sokoban-v0"))
     assert got.trajectory.status == "Finished", got.trajectory.error
@@ -61,7 +61,7 @@ async def test_timeout_kills_the_process_group(engine, tmp_path):
     )
     start = time.monotonic()
     async with ProxyEnvManager(engine, CONFIG, push([sys.executable, "-c", script], timeout_s=2),
-                               transport="http", tracker_mode="traj") as manager:
+                               transport="http", granularity="traj") as manager:
         episode = await manager.run_episode(spec())
     assert time.monotonic() - start < 30
     assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("Timeout", "timeout")
@@ -99,7 +99,7 @@ async def test_episode_timeout_cancels_and_kills(engine):
         runners.append(PushModeRunner(client, [sys.executable, "-c", "import time; time.sleep(600)"], timeout_s=600))
         return runners[-1]
 
-    async with ProxyEnvManager(engine, config, factory, transport="http", tracker_mode="traj") as manager:
+    async with ProxyEnvManager(engine, config, factory, transport="http", granularity="traj") as manager:
         episode = await manager.run_episode(spec())
     assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("Timeout", "timeout")
 
@@ -114,7 +114,7 @@ async def test_episode_timeout_cancels_and_kills(engine):
 )
 async def test_crashes_and_bad_results_are_agent_errors(engine, script, needle):
     async with ProxyEnvManager(engine, CONFIG, push([sys.executable, "-c", script], timeout_s=60),
-                               transport="http", tracker_mode="traj") as manager:
+                               transport="http", granularity="traj") as manager:
         episode = await manager.run_episode(spec())
     assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("Failed", "agent_error")
     assert needle in episode.trajectory.error

@@ -56,7 +56,7 @@ CACHE_PROBE = textwrap.dedent("""
 async def test_push_agent_caches_live_in_its_own_work_dir(tiny_tokenizer):
     command = [sys.executable, "-c", CACHE_PROBE, json.dumps(CACHE_VARS)]
     async with ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, push(command), transport="http",
-                               tracker_mode="traj") as manager:
+                               granularity="traj") as manager:
         episodes = [await manager.run_episode(spec(member)) for member in range(2)]
     for episode in episodes:
         assert episode.trajectory.status == "Finished", episode.trajectory.error
@@ -84,7 +84,7 @@ async def test_push_agent_cache_env_can_be_overridden(tiny_tokenizer, tmp_path):
     factory = push(command, env_extra={"XDG_CACHE_HOME": str(shared), "DSPY_CACHEDIR": str(shared / "dspy")},
                    isolation="none")  # its own uid could not write the test's tmp_path
     async with ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, factory, transport="http",
-                               tracker_mode="traj") as manager:
+                               granularity="traj") as manager:
         episode = await manager.run_episode(spec())
     assert episode.trajectory.status == "Finished", episode.trajectory.error
     env = json.loads(episode.trajectory.error)
@@ -95,7 +95,7 @@ async def test_push_agent_cache_env_can_be_overridden(tiny_tokenizer, tmp_path):
 async def test_push_agent_without_a_model_call_is_explained_no_data(tiny_tokenizer):
     script = "from arl.agents.process import write_result; write_result({'score': 1.0, 'success': True})"
     async with ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, push([sys.executable, "-c", script]),
-                               transport="http", tracker_mode="traj") as manager:
+                               transport="http", granularity="traj") as manager:
         episode = await manager.run_episode(spec())
     traj = episode.trajectory
     assert (traj.status, traj.exit_reason) == ("NoData", "no_data")
@@ -112,7 +112,7 @@ async def test_pull_agent_without_a_model_call_is_explained_no_data(tiny_tokeniz
         return PullModeRunner(responder(client), [sys.executable, "-c", script], timeout_s=60)
 
     episode = await ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, factory,
-                                    tracker_mode="traj").run_episode(spec())
+                                    granularity="traj").run_episode(spec())
     traj = episode.trajectory
     assert (traj.status, traj.exit_reason) == ("NoData", "no_data")
     assert "client-side" in traj.error and "pipe transport" in traj.error

@@ -51,7 +51,7 @@ async def test_pull_and_push_agents_make_the_same_samples(tiny_tokenizer):
     runs = {}
     for runner, transport in (("push", "http"), ("pull", "inprocess")):
         rollout = RolloutConfig(env_id=ENV_ID, mode="proxy", manager=ManagerConfig(max_tokens=24), proxy=ProxyConfig(
-            runner=runner, transport=transport, tracker_mode="step",
+            runner=runner, transport=transport, granularity="step",
             runner_kwargs={"command": AGENT, "timeout_s": 120}))
         runs[runner] = await play(make_manager(engine, rollout), seeds)
     push, pull = runs["push"], runs["pull"]

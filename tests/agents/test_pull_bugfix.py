@@ -62,7 +62,7 @@ async def test_pull_and_push_bugfix_agents_make_the_same_samples(tiny_tokenizer)
         assert 0 < b.trajectory.episode_score < 1  # the hidden tests ran: the unfixed bug fails some
         assert [t.reward for t in a.trajectory.turns] == [t.reward for t in b.trajectory.turns]
         assert [t.action for t in b.trajectory.turns] == ["bash", "editor", "submit"]
-        assert len(a.samples) == len(b.samples) == 1  # tracker_mode traj: one growing conversation
+        assert len(a.samples) == len(b.samples) == 1  # granularity traj: one growing conversation
         for x, y in zip(a.samples, b.samples, strict=True):
             assert x.input_ids == y.input_ids
             assert x.response_mask == y.response_mask

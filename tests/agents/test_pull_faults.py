@@ -62,7 +62,7 @@ async def run_episode(tokenizer, command, config=None, **kwargs):
         runners.append(PullModeRunner(responder(client), command, **{"timeout_s": 60, **kwargs}))
         return runners[-1]
 
-    async with ProxyEnvManager(ScriptedEngine(tokenizer), config, factory, tracker_mode="traj") as manager:
+    async with ProxyEnvManager(ScriptedEngine(tokenizer), config, factory, granularity="traj") as manager:
         episode = await manager.run_episode(spec())
     return episode, runners[0]
 

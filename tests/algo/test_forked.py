@@ -102,7 +102,7 @@ def test_the_gigpo_estimator_reads_forked_rows():
               action_valid=True, fork_id=None, fork_rewards=(), branch=False),
             S(episode_score=0.0, step_score=0.0, group_id="g", traj_id="A@0.1", step=0, state_hash="s0",
               action_valid=True, fork_id="A@0", fork_rewards=(0.0,), branch=True)]
-    settings = S(gamma=0.5, step_weight=1.0, gigpo_mode="mean_norm", invalid_penalty=0.0)
+    settings = S(gamma=0.5, step_weight=1.0, gigpo_norm="mean_norm", invalid_penalty=0.0)
     adv, stats = estimate("gigpo", rows, settings)
     np.testing.assert_allclose(adv, [0.25, 0.0, -0.25])  # F = [0.5, 0]: mean 0.25
     assert stats["gigpo_fork_groups"] == 1 and stats["gigpo_branch_row_frac"] == pytest.approx(1 / 3)

@@ -224,7 +224,7 @@ async def test_bugfix_runner_through_the_proxy(tiny_tokenizer, transport):
     done: dict[int, float] = {}
     start = time.monotonic()
     async with ProxyEnvManager(engine, config, transport=transport, runner_for=bind_runner(bugfix_runner),
-                               tracker_mode="traj") as manager:
+                               granularity="traj") as manager:
         async def play(seed):
             episode = await manager.run_episode(EpisodeSpec("arl/BugFix-v0", seed, f"train_0_{seed}", 0))
             done[seed] = time.monotonic()

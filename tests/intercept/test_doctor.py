@@ -334,15 +334,15 @@ def test_check_rollout_reads_the_config_or_the_injected_manager(qwen25, qwen3):
 
     # Qwen2.5 (the qwen*_frozenlake configs): traj and the text agent through the proxy are exact
     assert check_rollout(qwen25, RolloutConfig(mode="traj")) is not None
-    assert check_rollout(qwen25, RolloutConfig(mode="proxy", proxy=ProxyConfig(tracker_mode="traj")))
-    with pytest.raises(TemplateDriftError, match="tracker_mode=step"):  # a tool-calling runner
+    assert check_rollout(qwen25, RolloutConfig(mode="proxy", proxy=ProxyConfig(granularity="traj")))
+    with pytest.raises(TemplateDriftError, match="granularity=step"):  # a tool-calling runner
         check_rollout(qwen25, RolloutConfig(mode="proxy", proxy=ProxyConfig(runner="tool")))
     engine = ScriptedEngine(qwen3)
     assert check_rollout(qwen3, RolloutConfig(mode="traj"), StepEnvManager(engine)) is not None
     with pytest.raises(TemplateDriftError):
         check_rollout(qwen3, RolloutConfig(mode="step"), TrajEnvManager(engine))
-    with pytest.raises(TemplateDriftError, match="tracker_mode=traj"):
-        check_rollout(qwen3, RolloutConfig(), ProxyEnvManager(engine, tracker_mode="traj"))
+    with pytest.raises(TemplateDriftError, match="granularity=traj"):
+        check_rollout(qwen3, RolloutConfig(), ProxyEnvManager(engine, granularity="traj"))
     assert check_rollout(qwen3, RolloutConfig(), object()) is None  # not arl's: not checked
 
 
@@ -360,25 +360,25 @@ def test_check_rollout_refuses_only_what_the_agent_needs(smollm2_like):
     agent = ["{python}", "-m", "arl.agents.examples.gym_agent"]
     for tracker in ("traj", "step"):
         # text agents: gym (auto), gym by import path (auto), an agent program declared text
-        assert check_rollout(smollm2_like, proxy(tracker_mode=tracker))
-        assert check_rollout(smollm2_like, proxy(tracker_mode=tracker, runner="arl.rollout.runners:gym_runner"))
-        assert check_rollout(smollm2_like, proxy(tracker_mode=tracker, runner="push", transport="http",
+        assert check_rollout(smollm2_like, proxy(granularity=tracker))
+        assert check_rollout(smollm2_like, proxy(granularity=tracker, runner="arl.rollout.runners:gym_runner"))
+        assert check_rollout(smollm2_like, proxy(granularity=tracker, runner="push", transport="http",
                                                  runner_kwargs={"command": agent}, tools=False))
         # tool agents: tool and bugfix (auto), an agent program (auto: not known, so a tool agent)
         for kwargs in ({"runner": "tool"}, {"runner": "arl.agents.bugfix:bugfix_runner"},
                        {"runner": "push", "transport": "http", "runner_kwargs": {"command": agent}},
                        {"runner": "gym", "tools": True}):
-            with pytest.raises(TemplateDriftError, match=f"tracker_mode={tracker} with a tool agent") as info:
-                check_rollout(smollm2_like, proxy(tracker_mode=tracker, **kwargs), model="smollm2-135m")
+            with pytest.raises(TemplateDriftError, match=f"granularity={tracker} with a tool agent") as info:
+                check_rollout(smollm2_like, proxy(granularity=tracker, **kwargs), model="smollm2-135m")
             message = str(info.value)
             assert "drops assistant tool_calls" in message
-            assert f"rollout.mode=proxy rollout.proxy.tracker_mode={tracker} with a text agent" in message
+            assert f"rollout.mode=proxy rollout.proxy.granularity={tracker} with a text agent" in message
             assert "rollout.proxy.tools=false" in message and "arl doctor smollm2-135m" in message
     # an injected proxy manager: its agent is not known, so the config says (default: text)
     engine = ScriptedEngine(smollm2_like)
-    assert check_rollout(smollm2_like, RolloutConfig(), ProxyEnvManager(engine, tracker_mode="traj"))
+    assert check_rollout(smollm2_like, RolloutConfig(), ProxyEnvManager(engine, granularity="traj"))
     with pytest.raises(TemplateDriftError, match="with a tool agent"):
-        check_rollout(smollm2_like, proxy(tools=True), ProxyEnvManager(engine, tracker_mode="traj"))
+        check_rollout(smollm2_like, proxy(tools=True), ProxyEnvManager(engine, granularity="traj"))
 
 
 @pytest.mark.anyio

@@ -1,6 +1,6 @@
 """Agents that re-send past turns in their own form (smolagents): every call forks; the tracker
 counts each such fork as a history rewrite per episode and says once in the log that
-tracker_mode "step" fits the agent. Plain forks (a retry from an earlier prefix) are not rewrites."""
+granularity "step" fits the agent. Plain forks (a retry from an earlier prefix) are not rewrites."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ async def test_rewritten_history_is_counted_and_step_mode_named_once(tiny_tokeni
         await smolagents_like(client, turns=3)
         assert tracker.stats["forks"] == 2 and tracker.stats["history_rewrites"] == 2
         assert tracker.stats["untracked_assistant"] == 2 and len(tracker.traj_samples()) == 3
-    logged = [r for r in caplog.records if "tracker_mode='step'" in r.getMessage()]
+    logged = [r for r in caplog.records if "granularity='step'" in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelno == logging.WARNING
     assert "history_rewrites" in logged[0].getMessage()
 
@@ -55,7 +55,7 @@ async def test_a_retry_fork_is_not_a_rewrite_and_step_mode_does_not_warn(tiny_to
     await client.chat.completions.create(model="arl", messages=TASK)
     await client.chat.completions.create(model="arl", messages=TASK)  # a retry: the same prefix again
     assert tracker.stats["forks"] == 1 and tracker.stats["history_rewrites"] == 0
-    tracker, client = episode(tiny_tokenizer, tracker_mode="step")
+    tracker, client = episode(tiny_tokenizer, granularity="step")
     await smolagents_like(client)
     assert tracker.stats["history_rewrites"] == 1
-    assert not [r for r in caplog.records if "tracker_mode" in r.getMessage()]
+    assert not [r for r in caplog.records if "granularity" in r.getMessage()]

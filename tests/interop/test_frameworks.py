@@ -194,7 +194,7 @@ async def test_framework_plays_an_episode(name, transport, tiny_tokenizer, wire,
     script = script_of(name)
     engine = RecordingEngine(tiny_tokenizer, responses=script, max_model_len=1 << 16)
     config = ManagerConfig(max_tokens=256, episode_timeout_s=280)
-    async with ProxyEnvManager(engine, config, factory, transport=transport, tracker_mode="step") as manager:
+    async with ProxyEnvManager(engine, config, factory, transport=transport, granularity="step") as manager:
         episode = await manager.run_episode(spec())
     traj = episode.trajectory
     assert (traj.status, traj.exit_reason) == ("Finished", "terminated"), traj.error

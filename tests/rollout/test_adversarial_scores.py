@@ -37,7 +37,7 @@ class Reporting(AgentRunner):
         return self.result
 
 
-@pytest.mark.parametrize("tracker_mode", ["traj", "step"])
+@pytest.mark.parametrize("granularity", ["traj", "step"])
 @pytest.mark.parametrize("bad", [
     EpisodeResult(score=float("nan")),
     EpisodeResult(score=float("inf"), step_scores=[1.0]),
@@ -45,12 +45,12 @@ class Reporting(AgentRunner):
     EpisodeResult(score=1e300),
     EpisodeResult(score=0.0, metrics={"m": float("nan")}),
 ], ids=["nan", "inf", "step-inf", "huge", "metric-nan"])
-async def test_in_process_runner_with_non_finite_score_is_an_agent_error(fake_engine, bad, tracker_mode):
+async def test_in_process_runner_with_non_finite_score_is_an_agent_error(fake_engine, bad, granularity):
     good = EpisodeResult(score=1.0, step_scores=[1.0])
     samples, trajs = [], []
     for i, result in enumerate((bad, good, EpisodeResult(score=0.0, step_scores=[0.0]))):
         manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec, r=result: Reporting(client, r),
-                                  tracker_mode=tracker_mode)
+                                  granularity=granularity)
         episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 0, "g", i))
         samples += episode.samples
         trajs.append(episode.trajectory)
@@ -66,7 +66,7 @@ async def test_in_process_runner_with_non_finite_score_is_an_agent_error(fake_en
 
 async def test_runner_returning_no_episode_result_is_an_agent_error(fake_engine):
     manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec: Reporting(client, {"score": 1.0}),
-                              tracker_mode="traj")
+                              granularity="traj")
     episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
     assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("Failed", "agent_error")
     assert "EpisodeResult" in episode.trajectory.error

@@ -170,7 +170,7 @@ async def test_advantages_are_computed_as_documented(scripted_engine):
     minus its fork's mean on forked rows; GiGPO's natural anchors on the other trunk rows."""
     batch = await play_groups(scripted_engine, fork_config(states=2), groups=2, size=3)
     samples = [s for s in batch.samples if s.num_response_tokens > 0]
-    algo = AlgoConfig(gamma=0.5, step_weight=2.0, gigpo_mode="mean_norm")
+    algo = AlgoConfig(gamma=0.5, step_weight=2.0, gigpo_norm="mean_norm")
     adv, stats = estimate("gigpo", samples, algo)
 
     trunks = {}

@@ -49,7 +49,7 @@ def group(n: int, seed: int = 3) -> list[EpisodeSpec]:
 async def test_client_side_cache_hits_end_no_data_with_the_reason(tiny_tokenizer, transport):
     cache: dict[str, str] = {}
     async with ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, lambda c, s: CachingRunner(c, cache),
-                               transport=transport, tracker_mode="traj") as manager:
+                               transport=transport, granularity="traj") as manager:
         episodes = [await manager.run_episode(spec) for spec in group(3)]
     first, *cached = episodes
     assert first.trajectory.status == "Finished", first.trajectory.error
@@ -84,7 +84,7 @@ async def test_runner_reported_no_data_gets_the_reason_and_keeps_its_own(tiny_to
 
     for own in (None, "my retriever came back empty"):
         manager = ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, lambda c, s, e=own: SaysNoData(c, e),
-                                  tracker_mode="traj")
+                                  granularity="traj")
         traj = (await manager.run_episode(group(1)[0])).trajectory
         assert (traj.status, traj.exit_reason) == ("NoData", "no_data")
         assert "cache" in traj.error and (own is None or own in traj.error)
@@ -99,6 +99,6 @@ async def test_failed_agent_without_calls_keeps_its_error(tiny_tokenizer):
             return EpisodeResult(status="Failed", exit_reason="agent_error", error="no such tool")
 
     traj = (await ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, lambda c, s: Broken(c),
-                                  tracker_mode="traj")
+                                  granularity="traj")
             .run_episode(group(1)[0])).trajectory
     assert (traj.status, traj.exit_reason, traj.error) == ("Failed", "agent_error", "no such tool")

@@ -40,7 +40,7 @@ def scripted(tiny_tokenizer):
 @pytest.mark.parametrize("env_id", ["arl/FrozenLake-v0", "arl/Sokoban-v0"])
 async def test_same_samples_as_traj_manager(scripted, transport, env_id):
     config = ManagerConfig(max_tokens=24)
-    async with ProxyEnvManager(scripted, config, transport=transport, tracker_mode="traj") as proxy:
+    async with ProxyEnvManager(scripted, config, transport=transport, granularity="traj") as proxy:
         for seed, member in [(0, 0), (1, 2), (5, 1)]:
             s = spec(env_id, seed, member)
             want = await TrajEnvManager(scripted, config).run_episode(s)
@@ -56,7 +56,7 @@ async def test_max_length_matches_traj_manager(scripted):
     config = ManagerConfig(max_tokens=24, max_model_len=700)
     s = spec("arl/Sokoban-v0", 2)
     want = await TrajEnvManager(scripted, config).run_episode(s)
-    got = await ProxyEnvManager(scripted, config, tracker_mode="traj").run_episode(s)
+    got = await ProxyEnvManager(scripted, config, granularity="traj").run_episode(s)
     assert want.trajectory.exit_reason == got.trajectory.exit_reason == "max_length"
     assert got.trajectory.status == "Finished"
     assert [fields(x) for x in got.samples] == [fields(x) for x in want.samples]
@@ -96,7 +96,7 @@ def smollm2_tokenizer():
 async def test_token_exact(tiny_tokenizer, model):
     tok = tiny_tokenizer if model == "tiny" else smollm2_tokenizer()
     engine = ScriptedEngine(tok, invalid_rate=0.3, seed=2)
-    manager = ProxyEnvManager(engine, ManagerConfig(max_tokens=24), tracker_mode="traj")
+    manager = ProxyEnvManager(engine, ManagerConfig(max_tokens=24), granularity="traj")
     for env_id, seed in [("arl/FrozenLake-v0", 1), ("arl/Sokoban-v0", 4)]:
         episode = await manager.run_episode(spec(env_id, seed))
         traj, (sample,) = episode.trajectory, episode.samples
@@ -114,7 +114,7 @@ async def test_token_exact(tiny_tokenizer, model):
 
 
 async def test_step_mode_scores_and_state_hashes(scripted):
-    manager = ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), tracker_mode="step")
+    manager = ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), granularity="step")
     members = [await manager.run_episode(spec("arl/FrozenLake-v0", 6, m)) for m in range(3)]
     for episode in members:
         traj = episode.trajectory
@@ -142,7 +142,7 @@ async def test_tool_call_runner_round_trip(tiny_tokenizer):
     config = ManagerConfig(max_tokens=48)
     for transport in TRANSPORTS:
         async with ProxyEnvManager(engine, config, gym_runner_factory(config, ToolCallRunner),
-                                   transport=transport, tracker_mode="traj") as manager:
+                                   transport=transport, granularity="traj") as manager:
             episode = await manager.run_episode(spec("arl/Sokoban-v0", 3))
         traj, (sample,) = episode.trajectory, episode.samples
         assert traj.ok and len(traj.turns) >= 5, traj.error
@@ -160,7 +160,7 @@ async def test_64_concurrent_episodes(tiny_tokenizer, transport):
     config = ManagerConfig(max_tokens=24, max_turns=4)
     sched = GroupScheduler("arl/FrozenLake-v0", num_groups=16, group_size=4, max_concurrency=64)
     async with ProxyServer() as server:
-        manager = ProxyEnvManager(engine, config, transport=transport, server=server, tracker_mode="traj")
+        manager = ProxyEnvManager(engine, config, transport=transport, server=server, granularity="traj")
         batch = await sched.run(manager, sched.specs(0))
         assert server.episode_keys == []  # every episode closed its route
     assert len(batch.episodes) == 64
@@ -178,7 +178,7 @@ async def test_64_concurrent_episodes(tiny_tokenizer, transport):
 async def test_vllm_batch(vllm_engine, transport):
     sched = GroupScheduler("arl/FrozenLake-v0", num_groups=2, group_size=4, base_seed=11)
     config = ManagerConfig(max_tokens=12, max_turns=3, temperature=1.0)
-    async with ProxyEnvManager(vllm_engine, config, transport=transport, tracker_mode="traj") as manager:
+    async with ProxyEnvManager(vllm_engine, config, transport=transport, granularity="traj") as manager:
         batch = await sched.run(manager, sched.specs(0))
     assert len(batch.episodes) == 8 and len(batch.groups) == 2
     for episode in batch.episodes:
@@ -209,7 +209,7 @@ async def test_request_after_episode_end_gets_410(scripted):
 
     for transport in TRANSPORTS:
         async with ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), factory, transport=transport,
-                                   tracker_mode="traj") as manager:
+                                   granularity="traj") as manager:
             episode = await manager.run_episode(spec())
             assert episode.trajectory.ok
             client = clients[-1]
@@ -257,7 +257,7 @@ async def test_guessed_sibling_tokens_are_refused(scripted):
             return await self.inner.run_job(seed)
 
     async with ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Snooper, transport="http",
-                               tracker_mode="traj") as manager:
+                               granularity="traj") as manager:
         async with anyio.create_task_group() as tg:
             for member in range(2):
                 tg.start_soon(manager.run_episode, spec(member=member))
@@ -276,7 +276,7 @@ async def test_equal_grids_at_different_turns_share_one_anchor_key(tiny_tokenize
     """GymRunner's messages carry turn counters ("Turn k", "k actions left"), so hashing the
     message would split one state into one key per turn; the key is the reported raw grid."""
     always_up = ScriptedEngine(tiny_tokenizer, responses=["<answer>Up</answer>"])
-    manager = ProxyEnvManager(always_up, ManagerConfig(max_tokens=8, max_turns=6), tracker_mode="step")
+    manager = ProxyEnvManager(always_up, ManagerConfig(max_tokens=8, max_turns=6), granularity="step")
     episode = await manager.run_episode(spec(seed=5))  # seed 5: the start is on the top row
     turns = episode.trajectory.turns
     assert all(t.info["state_key_source"] == "game" for t in turns)
@@ -301,7 +301,7 @@ async def test_runner_without_states_falls_back_to_the_message_hash(scripted):
             result.step_infos = []
             return result
 
-    episode = await ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Silent, tracker_mode="step").run_episode(spec())
+    episode = await ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Silent, granularity="step").run_episode(spec())
     assert episode.trajectory.turns and all(t.info["state_key_source"] == "message" for t in episode.trajectory.turns)
     assert episode.samples[0].info["state_keys_from_runner"] == 0
 
@@ -320,7 +320,7 @@ async def test_step_reports_that_do_not_line_up_are_said_loudly_and_counted(scri
             result.step_infos = [*result.step_infos, {}, {}][:3]
             return result
 
-    manager = ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Overcounting, tracker_mode="step")
+    manager = ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), Overcounting, granularity="step")
     with caplog.at_level("WARNING", logger="arl.rollout.proxy"):
         episode = await manager.run_episode(spec(seed=3))
     turns = episode.trajectory.turns
@@ -329,7 +329,7 @@ async def test_step_reports_that_do_not_line_up_are_said_loudly_and_counted(scri
     assert manager.step_report_mismatches == 1
     assert rollout_metrics([episode])["rollout/step_report_mismatch_rate"] == 1.0
     assert "3 step scores and 3 step infos for 2 model calls" in caplog.text
-    honest = await ProxyEnvManager(scripted, ManagerConfig(max_tokens=24, max_turns=2), tracker_mode="step").run_episode(
+    honest = await ProxyEnvManager(scripted, ManagerConfig(max_tokens=24, max_turns=2), granularity="step").run_episode(
         spec(seed=3))
     assert all(t.info["step_report"] == "exact" and t.info["state_key_source"] == "game" for t in honest.trajectory.turns)
 

@@ -111,7 +111,7 @@ async def test_faults_are_data(fake_engine, transport):
     results = {}
     async with ProxyServer() as server:
         manager = ProxyEnvManager(fake_engine, config, make_factory(KINDS), transport=transport, server=server,
-                                  tracker_mode="traj")
+                                  granularity="traj")
 
         async def one(spec):
             results[spec.episode_id] = await manager.run_episode(spec)
@@ -149,7 +149,7 @@ async def test_env_crash_keeps_partial_score(fake_engine):
             break
     else:
         pytest.fail("no seed reached the crash")
-    got = await ProxyEnvManager(fake_engine, CONFIG, tracker_mode="traj").run_episode(spec)
+    got = await ProxyEnvManager(fake_engine, CONFIG, granularity="traj").run_episode(spec)
     assert (got.trajectory.status, got.trajectory.exit_reason) == ("Failed", "env_error")
     assert got.trajectory.episode_score == pytest.approx(want.trajectory.episode_score)
     # The call whose reply crashed the env was made, so the proxy keeps it (reward 0): one turn more
@@ -179,7 +179,7 @@ async def test_runner_status_mapping(fake_engine):
     ]
     for result, expected in cases:
         manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec, r=result: Reporting(client, r),
-                                  tracker_mode="traj")
+                                  granularity="traj")
         episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
         assert (episode.trajectory.status, episode.trajectory.exit_reason) == expected
         assert episode.trajectory.episode_score == result.score
@@ -191,7 +191,7 @@ async def test_no_model_call_is_no_data(fake_engine):
             return EpisodeResult()
 
     episode = await ProxyEnvManager(fake_engine, CONFIG, lambda c, s: Idle(c),
-                                    tracker_mode="traj").run_episode(
+                                    granularity="traj").run_episode(
         EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
     assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("NoData", "no_data")
     assert episode.samples == []

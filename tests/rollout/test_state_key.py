@@ -143,10 +143,10 @@ async def test_fork_manager_keys_trunk_and_branches_on_the_games_state_key(tiny_
     assert forked and all(len(k) == 1 for k in forked.values())  # a fork's K rows: one state, one key
 
 
-@pytest.mark.parametrize("tracker_mode", ["step", "traj"])
-async def test_proxy_keys_come_from_the_runners_game_state_key(wait_press, tracker_mode):
+@pytest.mark.parametrize("granularity", ["step", "traj"])
+async def test_proxy_keys_come_from_the_runners_game_state_key(wait_press, granularity):
     """GymRunner reports its game's ``state_key()`` per step; the proxy hashes it as the step manager does."""
-    manager = ProxyEnvManager(wait_press, ManagerConfig(max_tokens=16), tracker_mode=tracker_mode)
+    manager = ProxyEnvManager(wait_press, ManagerConfig(max_tokens=16), granularity=granularity)
     episode = await manager.run_episode(spec())
     turns = episode.trajectory.turns
     assert episode.trajectory.ok, episode.trajectory.error
@@ -158,7 +158,7 @@ async def test_proxy_keys_come_from_the_runners_game_state_key(wait_press, track
     assert episode.samples[0].info["state_keys_from_runner"] == len(turns)
     metrics = rollout_metrics([episode])
     assert (metrics["rollout/state_key_from_runner_rate"], metrics["rollout/state_key_fallback_rate"]) == (1.0, 0.0)
-    if tracker_mode == "step":
+    if granularity == "step":
         assert [s.state_hash for s in episode.samples] == [t.state_hash for t in turns]
 
 
@@ -167,7 +167,7 @@ async def test_step_and_proxy_modes_agree_on_every_key(tiny_tokenizer):
     step = await StepEnvManager(ScriptedEngine(tiny_tokenizer, responses=WAIT_PRESS),
                                 ManagerConfig(max_tokens=16)).run_episode(spec())
     proxy = await ProxyEnvManager(ScriptedEngine(tiny_tokenizer, responses=WAIT_PRESS), ManagerConfig(max_tokens=16),
-                                  tracker_mode="step").run_episode(spec())
+                                  granularity="step").run_episode(spec())
     assert [t.state_hash for t in step.trajectory.turns] == [t.state_hash for t in proxy.trajectory.turns]
 
 
@@ -221,7 +221,7 @@ async def test_a_runner_on_an_env_that_is_no_game_reports_no_key_and_the_proxy_s
     result = await OpaqueRunner(Replies([(r, None) for r in WAIT_PRESS]), HIDDEN_ID).run_job(0)
     assert result.step_infos and all(GAME_STATE_KEY not in info for info in result.step_infos)
     episode = await ProxyEnvManager(wait_press, ManagerConfig(max_tokens=16), factory,
-                                    tracker_mode="step").run_episode(spec())
+                                    granularity="step").run_episode(spec())
     turns = episode.trajectory.turns
     assert turns and all(t.info["state_key_source"] == "observation" for t in turns)
     assert {t.state_hash for t in turns} == {state_hash("#o#")}

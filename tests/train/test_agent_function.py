@@ -83,7 +83,7 @@ async def test_an_agent_function_gets_env_id_config_and_runner_kwargs_by_name(tm
     engine = make_engine(backend="scripted", model="tiny", max_model_len=1024)
     bind = runner_binder(ProxyConfig(runner=f"{mod}:with_context", runner_kwargs={"bonus": 0.5}))
     episode = await ProxyEnvManager(engine, ManagerConfig(max_tokens=4), runner_for=bind,
-                                    tracker_mode="step").run_episode(spec())
+                                    granularity="step").run_episode(spec())
     traj = episode.trajectory
     assert traj.exit_reason == "terminated" and traj.episode_score == 0.75 and len(traj.turns) == 2
     assert [s.score for s in episode.samples] == [0.75, 0.75]

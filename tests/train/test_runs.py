@@ -115,7 +115,7 @@ async def test_an_injected_proxy_manager_trains_with_evaluation_and_checkpoints(
     engine = scripted(config)
     manager = ProxyEnvManager(engine, ManagerConfig(max_tokens=8, history_len=0),
                               gym_runner_factory(ManagerConfig(max_tokens=8), conversation="step"),
-                              tracker_mode="step")
+                              granularity="step")
     async with Trainer(config, manager=manager) as trainer:
         await trainer.setup()
         before = params_of(trainer.model)
@@ -136,7 +136,7 @@ async def test_proxy_mode_from_the_config_with_a_runner_import_path(tmp_path):
                           "rollout.proxy.runner_kwargs={conversation: step}", "algo.estimator=gigpo", "steps=1")
     async with Trainer(config, engine=scripted(config)) as trainer:
         metrics = await trainer.step()
-        assert isinstance(trainer.manager, ProxyEnvManager) and trainer.manager.tracker_mode == "step"
+        assert isinstance(trainer.manager, ProxyEnvManager) and trainer.manager.granularity == "step"
     assert metrics["train/num_samples"] > 0 and metrics["train/gigpo_anchor_group_size_mean"] >= 1
 
 
@@ -155,7 +155,7 @@ def test_a_bad_runner_path_is_a_clear_error(tmp_path):
 
 
 async def test_tool_call_agents_warm_start_from_the_scripted_tool_call_teacher(tmp_path):
-    config = small_config(tmp_path, "rollout.mode=proxy", "rollout.proxy.runner=tool", "rollout.proxy.tracker_mode=traj",
+    config = small_config(tmp_path, "rollout.mode=proxy", "rollout.proxy.runner=tool", "rollout.proxy.granularity=traj",
                           "sft.steps=2", "sft.batch_episodes=4", "steps=1", "rollout.manager.max_tokens=40")
     async with Trainer(config, engine=scripted(config)) as trainer:
         history = await trainer.train()

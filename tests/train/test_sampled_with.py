@@ -118,7 +118,7 @@ async def _one_step(tmp_path, runner_cls, *overrides) -> dict[str, float]:
     config = small_config(tmp_path, "steps=1", "engine.backend=hf", "rollout.mode=proxy",
                           "rollout.manager.max_turns=2", "optim.lr=1e-6", *overrides)
     engine = make_engine(backend="hf", model=config.model, max_model_len=1024, seed=0)
-    manager = ProxyEnvManager(engine, config.rollout.manager, tracker_mode="step",
+    manager = ProxyEnvManager(engine, config.rollout.manager, granularity="step",
                               runner_for=bind_runner(gym_runner, runner_cls=runner_cls))
     async with Trainer(config, engine=engine, manager=manager) as trainer:
         await trainer.setup()
@@ -153,7 +153,7 @@ def test_the_default_policy_is_override():
 
 async def test_validation_derives_keep_the_policy(tiny_tokenizer):
     config = ManagerConfig(agent_sampling="honour", max_turns=1)
-    manager = ProxyEnvManager(ScriptedEngine(tiny_tokenizer), config, tracker_mode="step",
+    manager = ProxyEnvManager(ScriptedEngine(tiny_tokenizer), config, granularity="step",
                               runner_for=bind_runner(gym_runner, runner_cls=_AsksItsOwn))
     val = manager.derive(attrs.evolve(config, temperature=0.5))
     async with val:

@@ -96,12 +96,12 @@ def rollout_config(data: Mapping[str, Any] | None) -> RolloutConfig:
     data = {"mode": "traj", **dict(data or {})}  # arl's own default (step) does not apply here
     manager = dict(data.pop("manager", None) or {})
     manager.setdefault("sampling_seed", None)
-    proxy = {"tracker_mode": "traj", "keep_branches": "longest", **dict(data.pop("proxy", None) or {})}
+    proxy = {"granularity": "traj", "keep_branches": "longest", **dict(data.pop("proxy", None) or {})}
     config = _converter.structure({**data, "manager": manager, "proxy": proxy}, RolloutConfig)
     if config.mode == "step":
         raise ValueError("ArlAgentLoop plays whole episodes: rollout.mode must be traj or proxy")
-    if config.mode == "proxy" and (config.proxy.tracker_mode, config.proxy.keep_branches) != ("traj", "longest"):
-        raise ValueError("ArlAgentLoop returns one trajectory row: proxy.tracker_mode=traj, keep_branches=longest")
+    if config.mode == "proxy" and (config.proxy.granularity, config.proxy.keep_branches) != ("traj", "longest"):
+        raise ValueError("ArlAgentLoop returns one trajectory row: proxy.granularity=traj, keep_branches=longest")
     return config
 
 
