@@ -139,7 +139,8 @@ class ManagerConfig:
 
 # rollout.proxy's choices. transport: a function call | the HTTP proxy server; granularity: a sample per
 # conversation branch (traj) | per model call (step); keep_branches (granularity traj): every
-# conversation branch's sample | the longest's (a conversation branch: `arl.intercept.tracker`)
+# conversation branch's sample | the longest's (conversation branches:
+# `arl.intercept.tracker.ConversationBranch`, not fork mode's `arl.rollout.records.ForkBranch`)
 Transport = Literal["inprocess", "http"]
 Granularity = Literal["traj", "step"]
 KeepBranches = Literal["all", "longest"]
@@ -150,11 +151,12 @@ class ProxyConfig:
     """How ``mode: proxy`` runs agent code (the runners: `arl.rollout.factory`'s docstring). Its
     defaults are `arl.rollout.proxy.ProxyEnvManager`'s too."""
 
-    runner: str = "gym"  # gym | tool | push | pull | "package.module:factory"
+    runner: str = "gym"  # gym | tool | push | pull | "package.module:name" (a runner factory or an agent function)
     transport: str = attrs.field(default="inprocess", validator=v.in_(get_args(Transport)))
     # step: one exact sample per model call, its prompt as the agent sent it, which fits every agent
     # (one that rewrites its history too) and gives GiGPO its steps; traj: one per conversation branch
     granularity: str = attrs.field(default="step", validator=v.in_(get_args(Granularity)))
+    # which conversation branches (`arl.intercept.tracker.ConversationBranch`) give traj samples: all | longest
     keep_branches: str = attrs.field(default="all", validator=v.in_(get_args(KeepBranches)))
     runner_kwargs: dict[str, Any] = attrs.Factory(dict)  # passed to the runner factory
     # Does the agent send `tools` / get tool calls back? auto: gym is a text agent, any other runner
@@ -419,6 +421,9 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
+        if key in RENAMED_KEYS:
+            warnings.warn(f"config key {key} is renamed {RENAMED_KEYS[key]}", DeprecationWarning, stacklevel=2)
+            key = RENAMED_KEYS[key]
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
@@ -502,7 +507,7 @@ def read_config_data(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[st
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a mapping at the top level")
-    data = data or {}
+    data = _rename_old_keys(data or {})  # per file, so an old key in a base meets a new one in its child
     if "base" not in data:
         return data
     base = data.pop("base")
