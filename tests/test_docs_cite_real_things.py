@@ -4,7 +4,7 @@ Docs drift when code moves: a page that names ``arl/envs/sandbox.py`` after the 
 ``arl/sandbox/``, or ``tests/envs/test_games.py`` after the test was renamed, sends a reader to
 nothing. This test reads
 
-- README.md, docs/*.md and benchmarks/README.md (all their text), and
+- README.md, docs/*.md, benchmarks/README.md and benchmarks/HISTORY.md (all their text), and
 - the comments and docstrings of arl/**/*.py (``#`` comments, and every string that stands alone
   as a statement: module, class and function docstrings, attribute doc-strings)
 
@@ -81,7 +81,12 @@ EXTENSION_RE = re.compile(r"\.[A-Za-z][\w]{0,7}$")
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
+    return [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "benchmarks" / "README.md",
+        ROOT / "benchmarks" / "HISTORY.md",
+    ]
 
 
 def code_files() -> list[Path]:

@@ -326,7 +326,7 @@ class BaseEngine(abc.ABC):
     # -- helpers for backends -------------------------------------------------------------------
     def validate_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         # One C-level pass through numpy: a per-token Python range check was the largest framework
-        # cost per turn at multi-thousand-token prompts (benchmarks/README.md "Scaling"); this is ~2x
+        # cost per turn at multi-thousand-token prompts (benchmarks/HISTORY.md "Scaling"); this is ~2x
         # cheaper. Like int(), the conversion raises on non-numbers.
         ids = np.asarray(prompt_ids, dtype=np.int64)
         if ids.ndim != 1:

@@ -18,7 +18,7 @@ class PromptView(Sequence[int]):
 
     A trajectory-mode prompt is every token of the episode so far, so a Turn that kept its own
     list would make an episode's memory quadratic in its length (50 turns of ~3.4k-token prompts:
-    ~1.3 MiB of pointers per episode; benchmarks/README.md "Scaling"). The manager appends to one
+    ~1.3 MiB of pointers per episode; benchmarks/HISTORY.md "Scaling"). The manager appends to one
     list and each Turn keeps a view of the prefix it was prompted with; appends after the view
     was taken are not part of it. Reads like a list: len, indexing, slices (lists), iteration,
     `==` with any int sequence, `+` (a new list), numpy conversion.

@@ -74,7 +74,8 @@ def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = T
         output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE,
         # arl reads token ids and log-probs, never vLLM's text: without this, every engine step
         # decodes each request's new token twice (the incremental text and the log-prob's token
-        # string), ~11% of a multi-turn rollout's driver time on CPU (benchmarks/README "Rollout").
+        # string), ~11% of a multi-turn rollout's driver time on CPU (benchmarks/HISTORY.md "Where the
+        # rest goes").
         # Only a request with stop strings is detokenized: vLLM matches them on its incremental
         # text and stops at the token that completes the first match (kept, as arl.engine.stops).
         stop=list(params.stop) or None,

@@ -173,7 +173,7 @@ class TextEnv(gym.Wrapper):
     declare ``action_deltas`` (one (d_row, d_col) per action), ``player_symbols`` and
     ``symbol_names``. Also a function of the grid: the state key does not change. It turns reading
     the grid into reading words next to the action names, which SmolLM2-135M can learn and the
-    2-D grid alone it did not (benchmarks/README.md, "SmolLM2-135M on FrozenLake").
+    2-D grid alone it did not (benchmarks/HISTORY.md, "SmolLM2-135M on FrozenLake").
     """
 
     def __init__(

@@ -33,7 +33,7 @@ means a CUDA GPU that supports bf16, or a CPU with bf16 instructions (x86 ``avx5
 AVX512-BF16 a 2048^2 bf16 matmul ran at 0.86 TFLOP/s against fp32's 0.21 and a SmolLM2 step took
 46 s in bf16; on an AVX2-only CPU bf16 ran at 0.0009 TFLOP/s against fp32's 0.13 (~150x slower:
 torch emulates it there) and the step took 133 s in fp32 (`benchmarks/step_floor.py`,
-benchmarks/README.md "step floor").
+benchmarks/HISTORY.md "A step beside its compute floor").
 """
 
 from __future__ import annotations
