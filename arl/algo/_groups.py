@@ -12,7 +12,9 @@ constant groups give 0) are enforced; every estimator's group statistics go thro
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import functools
+import warnings
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,28 @@ def _keys(values: Keys) -> list[Hashable]:
     if hasattr(values, "tolist"):
         return list(values.tolist())
     return list(values)
+
+
+def _renamed_keywords(**renames: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate an estimator so that each old keyword ``old=new`` still works, with a
+    DeprecationWarning naming the new one (``gigpo(state_hashes=...)``: ``state_keys``). Given with
+    its new name too: TypeError. (`arl._renamed.renamed_keywords`, which algo may not import.)"""
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in renames.items():
+                if old in kwargs:
+                    warnings.warn(f"{fn.__name__}({old}=...) is deprecated: use {fn.__name__}({new}=...)",
+                                  DeprecationWarning, stacklevel=2)
+                    if new in kwargs:
+                        raise TypeError(f"{fn.__name__}() got {old} and {new}: {old} is the old name of {new}; "
+                                        f"give only {new}")
+                    kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
 
 
 def _check_lengths(**fields: Sized) -> int:

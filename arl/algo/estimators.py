@@ -4,8 +4,8 @@ An estimator maps a batch of samples to one advantage per sample:
 
     advantages, stats = estimate("gigpo", samples, settings)
 
-``samples`` are anything with the `arl.rollout.Sample` fields the estimator reads (``score``,
-``episode_score``, ``step_score``, ``group_id``, ``traj_id``, ``step``, ``state_hash``,
+``samples`` are anything with the `arl.rollout.Sample` fields the estimator reads
+(``episode_score``, ``step_score``, ``group_id``, ``traj_id``, ``step``, ``state_key``,
 ``action_valid``; the forked rows of `arl.rollout.fork` also ``fork_id``, ``fork_rewards``,
 ``branch``, read where present); ``settings`` anything with the `arl.config.AlgoConfig` fields it reads
 (``gamma``, ``step_weight``, ``gigpo_norm``, ``invalid_penalty``; GiGPO's ablation knobs
@@ -21,7 +21,7 @@ fn)`` in code that runs before the trainer. An unknown name or an import path th
 such a function is refused before anything is built (`arl.train.checks`, at ``algo.estimator``).
 
     >>> import types
-    >>> S = lambda score, group: types.SimpleNamespace(score=score, episode_score=score, group_id=group)
+    >>> S = lambda score, group: types.SimpleNamespace(episode_score=score, group_id=group)
     >>> adv, stats = estimate("grpo", [S(1.0, "a"), S(0.0, "a")], types.SimpleNamespace())
     >>> adv.round(4).tolist(), {k: round(v, 4) for k, v in stats.items()}
     ([0.7071, -0.7071], {'adv_abs_mean': 0.7071})
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -166,21 +167,48 @@ def _reinforce(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[
 
 
 def _grpo(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str, float]]:
-    """Trajectory level: the episode's score normalized within its group (`arl.algo.grpo`); step
-    samples carry their episode's score, so every step of an episode gets the same advantage."""
+    """Trajectory level: ``episode_score`` normalized within its group (`arl.algo.grpo`); step
+    samples carry their episode's ``episode_score``, so every step of an episode gets the same
+    advantage. Reads no ``step_score``."""
     _no_branches("grpo", samples)
     return grpo([s.episode_score for s in samples], [s.group_id for s in samples]), {}
 
 
+def _state_keys(samples: Sequence[Any]) -> list[Any]:
+    """Each sample's ``state_key``; a sample-like object from before the rename that has only
+    ``state_hash`` (its old name) is still read, with a DeprecationWarning.
+
+    >>> import types, warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _state_keys([types.SimpleNamespace(state_key="a"), types.SimpleNamespace(state_hash="b")])
+    ['a', 'b']
+    >>> print(caught[0].message)
+    a sample's state_hash is deprecated: use state_key
+    """
+    keys, old = [], False
+    for s in samples:
+        if not hasattr(s, "state_key") and hasattr(s, "state_hash"):
+            keys.append(s.state_hash)
+            old = True
+        else:
+            keys.append(s.state_key)
+    if old:
+        # stacklevel 4: estimate's caller
+        warnings.warn("a sample's state_hash is deprecated: use state_key", DeprecationWarning, stacklevel=4)
+    return keys
+
+
 def _gigpo(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str, float]]:
-    """GiGPO (`arl.algo.gigpo`): the episode term plus ``step_weight`` x the step term over anchor
-    states; its anchor-group statistics come back as ``gigpo_*``. A batch with forked rows
+    """GiGPO (`arl.algo.gigpo`): the episode term (``episode_score`` normalized within its group)
+    plus ``step_weight`` x the step term (the discounted return-to-go of ``step_score``, normalized
+    within its anchor group: the rows of a group with one ``state_key``); its anchor-group statistics come back as ``gigpo_*``. A batch with forked rows
     (`arl.rollout.fork`) goes to `arl.algo.gigpo_forked`: the same terms, with the fork groups as
     the anchors of the forked states (``gigpo_fork_*`` stats besides)."""
     extra = {k: getattr(settings, k) for k in ("episode_stats", "singleton") if hasattr(settings, k)}
     columns = (
         [s.episode_score for s in samples], [s.step_score for s in samples], [s.group_id for s in samples],
-        [s.traj_id for s in samples], [s.step for s in samples], [s.state_hash for s in samples],
+        [s.traj_id for s in samples], [s.step for s in samples], _state_keys(samples),
     )
     options = dict(gamma=settings.gamma, step_weight=settings.step_weight, mode=settings.gigpo_norm,
                    invalid_penalty=getattr(settings, "invalid_penalty", 0.0),

@@ -16,7 +16,7 @@ two changes, read top to bottom:
   2. F_j = sum_i gamma^i fork_rewards_j[i] on the forked rows       (fork_returns)
   3. A_E: the episode term over the TRUNKS of each group, as GiGPO; branch rows get 0
   4. A_S: forked rows normalise F inside their fork (exactly K rows, keyed by fork_id, never by
-     the state hash); unforked rows normalise G_t in GiGPO's (group_id, state_hash) anchor groups
+     the state key); unforked rows normalise G_t in GiGPO's (group_id, state_key) anchor groups
   5. A = A_E + step_weight * A_S
 
 A batch without forked rows gives exactly `gigpo`'s advantages. The invalid-action penalty p acts
@@ -38,6 +38,7 @@ from arl.algo._groups import (
     _floats,
     _group_rows,
     _keys,
+    _renamed_keywords,
     group_normalize,
 )
 from arl.algo.step_level import (
@@ -71,13 +72,14 @@ def fork_returns(fork_rewards: Sequence[Sequence[float]], *, gamma: float) -> np
     return out
 
 
+@_renamed_keywords(state_hashes="state_keys")
 def gigpo_forked(
     episode_scores: Floats,
     step_rewards: Floats,
     group_ids: Keys,
     traj_ids: Keys,
     steps: Floats,
-    state_hashes: Keys,
+    state_keys: Keys,
     fork_ids: Sequence[Hashable | None],
     fork_rewards: Sequence[Sequence[float]],
     branch: Sequence[bool] | np.ndarray,
@@ -123,7 +125,7 @@ def gigpo_forked(
     _check_mode(mode)
     n = _check_lengths(
         episode_scores=episode_scores, step_rewards=step_rewards, group_ids=group_ids, traj_ids=traj_ids,
-        steps=steps, state_hashes=state_hashes, fork_ids=fork_ids, fork_rewards=fork_rewards, branch=branch,
+        steps=steps, state_keys=state_keys, fork_ids=fork_ids, fork_rewards=fork_rewards, branch=branch,
     )
     if invalid_penalty != 0.0 and action_valid is None:
         raise ValueError("invalid_penalty needs action_valid (one bool per row)")
@@ -132,7 +134,7 @@ def gigpo_forked(
         valid = np.asarray(action_valid.tolist() if hasattr(action_valid, "tolist") else action_valid)
         _check_lengths(episode_scores=episode_scores, action_valid=valid)
         invalid = ~valid.astype(bool)
-    groups, trajs, states, forks = _keys(group_ids), _keys(traj_ids), _keys(state_hashes), list(fork_ids)
+    groups, trajs, states, forks = _keys(group_ids), _keys(traj_ids), _keys(state_keys), list(fork_ids)
     is_branch = np.asarray(list(branch), dtype=bool)
     forked = np.array([f is not None for f in forks], dtype=bool)
     if np.any(is_branch & ~forked):

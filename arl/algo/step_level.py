@@ -23,6 +23,7 @@ from arl.algo._groups import (
     _floats,
     _group_rows,
     _keys,
+    _renamed_keywords,
     group_normalize,
 )
 
@@ -44,7 +45,7 @@ EpisodeStats = Literal["episodes", "steps"]
 # A group with a single member: advantage 0 (arl, ROLL) or the raw score, mean 0 / std 1 (verl-agent).
 Singleton = Literal["zero", "raw"]
 
-# Anchor key of a row without a state hash: (private sentinel, row) never equals a real key.
+# Anchor key of a row without a state key: (private sentinel, row) never equals a real key.
 _NO_STATE = object()
 
 
@@ -190,15 +191,16 @@ def _normalize_with_scale(
     return adv, scale
 
 
+@_renamed_keywords(state_hashes="state_keys")
 def step_advantages(
-    returns: Floats, group_ids: Keys, state_hashes: Keys, *, mode: Mode = "mean_norm", eps: float = 1e-6
+    returns: Floats, group_ids: Keys, state_keys: Keys, *, mode: Mode = "mean_norm", eps: float = 1e-6
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """GiGPO's step term A_S: normalise G_t inside its anchor-state group.
 
-    Anchor group key = (group_id, state_hash): the rows of one group (same seed) that acted in the
+    Anchor group key = (group_id, state_key): the rows of one group (same seed) that acted in the
     same observed state — including a state one trajectory visits twice. Keying by the group too
-    keeps identical grids of different seeds apart (ROLL keys by state_hash alone). A row with
-    state_hash None has no known state and forms its own group.
+    keeps identical grids of different seeds apart (ROLL keys by the state key alone). A row with
+    state_key None has no known state and forms its own group.
 
         A_S = G_t - mean_anchor                       (mean_norm)
         A_S = (G_t - mean_anchor) / (std + eps)       (mean_std_norm, unbiased std)
@@ -211,8 +213,8 @@ def step_advantages(
     """
     _check_mode(mode)
     values = _floats("returns", returns)
-    groups, states = _keys(group_ids), _keys(state_hashes)
-    _check_lengths(returns=values, group_ids=groups, state_hashes=states)
+    groups, states = _keys(group_ids), _keys(state_keys)
+    _check_lengths(returns=values, group_ids=groups, state_keys=states)
     anchor_keys = [
         (g, s) if s is not None else (_NO_STATE, row)
         for row, (g, s) in enumerate(zip(groups, states, strict=True))
@@ -222,13 +224,14 @@ def step_advantages(
     return adv, anchors
 
 
+@_renamed_keywords(state_hashes="state_keys")
 def gigpo(
     episode_scores: Floats,
     step_rewards: Floats,
     group_ids: Keys,
     traj_ids: Keys,
     steps: Floats,
-    state_hashes: Keys,
+    state_keys: Keys,
     *,
     gamma: float = 0.95,
     step_weight: float = 1.0,
@@ -245,7 +248,7 @@ def gigpo(
 
       1. G_t = r_t + gamma * G_{t+1} inside trajectory i, no bootstrap   (discounted_returns)
       2. A_E(i): R_i normalised over the EPISODES of i's group            (episode_advantages)
-      3. anchor groups: rows with the same (group_id, state_hash)
+      3. anchor groups: rows with the same (group_id, state_key)
       4. A_S(j): G_t normalised inside its anchor group                   (step_advantages)
       5. A(j) = A_E(i) + step_weight * A_S(j)
 
@@ -292,7 +295,7 @@ def gigpo(
         group_ids=group_ids,
         traj_ids=traj_ids,
         steps=steps,
-        state_hashes=state_hashes,
+        state_keys=state_keys,
     )
     if invalid_penalty != 0.0 and action_valid is None:
         raise ValueError("invalid_penalty needs action_valid (one bool per row)")
@@ -313,7 +316,7 @@ def gigpo(
     a_e = a_e - invalid_penalty * invalid / scale
 
     # 3 + 4. anchor-state groups and the step term
-    a_s, anchors = step_advantages(returns, group_ids, state_hashes, mode=mode, eps=eps)
+    a_s, anchors = step_advantages(returns, group_ids, state_keys, mode=mode, eps=eps)
 
     # 5. combine
     adv = a_e + step_weight * a_s

@@ -141,7 +141,7 @@ EX = dict(
     group_ids=["g"] * 4,
     traj_ids=["A", "A", "B", "B"],
     steps=[0, 1, 0, 1],
-    state_hashes=["s0", "s1", "s0", "s0"],
+    state_keys=["s0", "s1", "s0", "s0"],
 )
 
 
@@ -221,7 +221,7 @@ def test_gigpo_anchor_key_includes_group():
     assert stats["anchor_groups"] == 2.0
 
 
-def test_gigpo_missing_state_hash_is_its_own_anchor():
+def test_gigpo_missing_state_key_is_its_own_anchor():
     a, stats = gigpo([1.0, 0.0], [1.0, 0.0], ["g", "g"], ["A", "B"], [0, 0], [None, None])
     np.testing.assert_allclose(a, [0.5, -0.5])  # only the episode term
     assert stats["anchor_groups"] == 2.0
@@ -290,7 +290,7 @@ def test_gigpo_accepts_collate_like_inputs():
         EX["group_ids"],
         EX["traj_ids"],
         torch.tensor(EX["steps"]),
-        EX["state_hashes"],
+        EX["state_keys"],
         gamma=0.5,
     )
     np.testing.assert_allclose(a_t, a_list, atol=1e-7)

@@ -96,11 +96,11 @@ def test_forked_rows_are_checked():
 
 def test_the_gigpo_estimator_reads_forked_rows():
     S = types.SimpleNamespace
-    rows = [S(episode_score=1.0, step_score=0.0, group_id="g", traj_id="A", step=0, state_hash="s0",
+    rows = [S(episode_score=1.0, step_score=0.0, group_id="g", traj_id="A", step=0, state_key="s0",
               action_valid=True, fork_id="A@0", fork_rewards=(0.0, 1.0), branch=False),
-            S(episode_score=1.0, step_score=1.0, group_id="g", traj_id="A", step=1, state_hash="s1",
+            S(episode_score=1.0, step_score=1.0, group_id="g", traj_id="A", step=1, state_key="s1",
               action_valid=True, fork_id=None, fork_rewards=(), branch=False),
-            S(episode_score=0.0, step_score=0.0, group_id="g", traj_id="A@0.1", step=0, state_hash="s0",
+            S(episode_score=0.0, step_score=0.0, group_id="g", traj_id="A@0.1", step=0, state_key="s0",
               action_valid=True, fork_id="A@0", fork_rewards=(0.0,), branch=True)]
     settings = S(gamma=0.5, step_weight=1.0, gigpo_norm="mean_norm", invalid_penalty=0.0)
     adv, stats = estimate("gigpo", rows, settings)
