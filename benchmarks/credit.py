@@ -190,7 +190,7 @@ def scores(samples: list[Any], label: np.ndarray, actions: np.ndarray, spec: dic
     if spec["estimator"] == "gigpo":
         episode_term, _ = estimate("gigpo", samples, settings_of(spec, step_weight=0.0))
         step_nonzero = float(np.mean(np.abs(adv - episode_term) > 1e-12))
-    cells = [(s.group_id, s.state_hash, a) for s, a in zip(samples, actions, strict=True)]
+    cells = [(s.group_id, s.state_key, a) for s, a in zip(samples, actions, strict=True)]
     return {"corr": float(np.corrcoef(adv, label)[0, 1]),
             "corr_given_action": float(np.corrcoef(resid, label)[0, 1]),
             "action_share": float(action_part.var() / adv.var()) if adv.var() > 0 else float("nan"),

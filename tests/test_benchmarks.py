@@ -67,7 +67,7 @@ async def test_overhead_responses_and_stream_rows_play_the_same_episodes():
             async with overhead._entered(overhead.MANAGERS[name](engine, overhead._config())) as manager:
                 batch = await GroupScheduler(overhead.ENV_ID, num_groups=1, group_size=2).run(manager, specs)
             assert batch.metrics["rollout/abnormal_rate"] == 0, name
-            played[name] = [(s.input_ids, s.response_mask, s.old_logprobs, s.score) for s in batch.samples]
+            played[name] = [(s.input_ids, s.response_mask, s.old_logprobs, s.step_score) for s in batch.samples]
     assert played["proxy-http"] and all(played[n] == played["proxy-http"] for n in names), \
         [n for n in names if played[n] != played["proxy-http"]]
 

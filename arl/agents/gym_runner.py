@@ -166,11 +166,11 @@ class _GameRunner(AgentRunner):
                 assistant = self.assistant_message(reply)
                 messages.append(assistant)
                 # GiGPO's anchor: the game's full state before the step moves it (None: no arl
-                # game, and the proxy keys on the `state` text instead, saying so per turn)
+                # game, and the proxy keys on the `observation` text instead, saying so per turn)
                 key = self._env(game_state_key, env)
                 observation, reward, terminated, truncated, info = await self._step(env, self.env_action(assistant))
                 steps.append(StepReport(
-                    reward=float(reward), state=state, action=info.get("action"),
+                    reward=float(reward), observation=state, action=info.get("action"),
                     action_valid=bool(info.get("action_valid", True)),
                     info={k: info[k] for k in _INFO_KEYS if k in info}, state_key=key))
                 self.record_step(state, assistant, info, float(reward))

@@ -21,6 +21,8 @@ from typing import Any, Literal, Protocol, get_args
 
 import attrs
 
+from arl._renamed import renamed_constants, renamed_fields
+
 RunnerStatus = Literal["Finished", "Failed", "NoData", "Timeout"]
 STATUSES: tuple[str, ...] = get_args(RunnerStatus)
 
@@ -34,27 +36,32 @@ MAX_ERROR_CHARS = 1 << 16  # a longer error text is cut (kept: it is the agent's
 # |score| and |step score| at most this: finite, and far enough from float64's range that group
 # statistics (squares, sums over a batch) cannot overflow into inf and NaN advantages.
 MAX_ABS_SCORE = 1e9
-STATE_KEY = "state"  # the step_infos key naming the raw observation the step's action was taken in
-# the step_infos key naming that state's full key (an arl game's state_key()): GiGPO's anchor, before "state"
-GAME_STATE_KEY = "state_key"
+# The step_infos keys of a `StepReport` (a wire format agent code writes: the strings stay). Their
+# old names STATE_KEY and GAME_STATE_KEY still import, with a DeprecationWarning (`__getattr__`).
+OBSERVATION_INFO_KEY = "state"  # the raw observation the step's action was taken in
+# that state's full key (an arl game's state_key()), which GiGPO's state key hashes; before "state"
+STATE_KEY_INFO_KEY = "state_key"
 StepAlignment = Literal["exact", "last_missing", "mismatch", "unreported", "none"]
 
 
+@renamed_fields(state="observation")
 @attrs.frozen
 class StepReport:
     """One env step as a runner reports it: the k-th report belongs to the k-th model call.
 
-    ``state`` is the raw observation the action was taken in; ``state_key`` the full key of that
-    state (an arl game's ``state_key()``, which names what the text may leave out: an inventory, a
-    counter). GiGPO groups steps on the hash of ``state_key``, else of ``state`` (for an env that
-    is not an arl game); a runner that reports neither gets the hash of the call's last user
-    message, which may carry turn counters and split equal states apart. ``info`` holds the other
-    keys (``action_effective``, ``success``).
-    On the wire it is ``step_scores[k]`` and ``step_infos[k]`` of the `EpisodeResult`.
+    ``observation`` is the raw observation the action was taken in; ``state_key`` the full key of
+    that state (an arl game's ``state_key()``, which names what the text may leave out: an
+    inventory, a counter). GiGPO groups steps on the hash of ``state_key``, else of ``observation``
+    (for an env that is not an arl game); a runner that reports neither gets the hash of the call's
+    last user message, which may carry turn counters and split equal states apart. ``info`` holds
+    the other keys (``action_effective``, ``success``).
+    On the wire it is ``step_scores[k]`` and ``step_infos[k]`` of the `EpisodeResult`, whose
+    ``"state"`` entry (`OBSERVATION_INFO_KEY`) carries ``observation``. ``state``, the old name of
+    ``observation``, still works as a keyword and an attribute, with a DeprecationWarning.
     """
 
     reward: float
-    state: str | None = None
+    observation: str | None = None
     action: str | None = None
     action_valid: bool = True
     info: dict[str, Any] = attrs.Factory(dict)
@@ -65,10 +72,10 @@ class StepReport:
         out = {**self.info, "action_valid": self.action_valid}
         if self.action is not None:
             out["action"] = self.action
-        if self.state is not None:
-            out[STATE_KEY] = self.state
+        if self.observation is not None:
+            out[OBSERVATION_INFO_KEY] = self.observation
         if self.state_key is not None:
-            out[GAME_STATE_KEY] = self.state_key
+            out[STATE_KEY_INFO_KEY] = self.state_key
         return out
 
 
@@ -119,7 +126,7 @@ class EpisodeResult:
         every call gets None, because no call can be told its own step. ``"none"``: no calls.
 
         >>> r = EpisodeResult(step_scores=[0.0, 1.0], step_infos=[{"state": "a"}, {"state": "b"}])
-        >>> [s.state for s in r.steps(2)[0]], r.steps(3)[1], r.steps(4)[1]
+        >>> [s.observation for s in r.steps(2)[0]], r.steps(3)[1], r.steps(4)[1]
         (['a', 'b'], 'last_missing', 'mismatch')
         >>> EpisodeResult(score=1.0).steps(2)
         ([None, None], 'unreported')
@@ -134,11 +141,11 @@ class EpisodeResult:
         reports: list[StepReport | None] = []
         for k, reward in enumerate(scores):
             info = dict(infos[k]) if infos else {}
-            state = info.pop(STATE_KEY, None)
-            key = info.pop(GAME_STATE_KEY, None)
+            observation = info.pop(OBSERVATION_INFO_KEY, None)
+            key = info.pop(STATE_KEY_INFO_KEY, None)
             action = info.pop("action", None)
             reports.append(StepReport(
-                reward=float(reward), state=state if isinstance(state, str) else None,
+                reward=float(reward), observation=observation if isinstance(observation, str) else None,
                 action=action if isinstance(action, str) else None,
                 action_valid=bool(info.pop("action_valid", True)), info=info,
                 state_key=key if isinstance(key, str) else None))
@@ -297,8 +304,9 @@ class FunctionRunner(AgentRunner):
     The function needs no arl import: it gets the episode's OpenAI-compatible client and the seed
     (its own task, level or question for that seed: the members of a group share one), makes its
     model calls through that client (any ``model`` name: arl serves one policy) and returns how the
-    episode went. arl builds one per episode (`arl.rollout.runners.agent_function_runner`, what
-    ``rollout.proxy.runner: my_pkg.my_mod:agent`` resolves to for an async function).
+    episode went. arl builds one per episode (the runner factory that
+    `arl.rollout.runners.make_runner_factory` makes of it, as for ``rollout.proxy.runner:
+    my_pkg.my_mod:agent`` naming an async function).
     """
 
     def __init__(self, client: ChatClient, fn: AgentFunction, kwargs: dict[str, Any] | None = None) -> None:
@@ -308,3 +316,8 @@ class FunctionRunner(AgentRunner):
 
     async def run_job(self, seed: int) -> EpisodeResult:
         return as_episode_result(await self.fn(self.client, seed, **self.kwargs))
+
+
+# STATE_KEY and GAME_STATE_KEY, the old names of OBSERVATION_INFO_KEY and STATE_KEY_INFO_KEY
+__getattr__ = renamed_constants(__name__, globals(), STATE_KEY="OBSERVATION_INFO_KEY",
+                                GAME_STATE_KEY="STATE_KEY_INFO_KEY")

@@ -50,8 +50,8 @@ tokens the engine sampled. The tracker bridges the two for one episode:
   generated: tokens a fork inherits from an earlier branch appear as context with mask 0, so no
   generated token is trained twice. With ``keep="longest"`` every engine token on the path is
   masked. ``step_samples()``: one per request, its full prompt + the engine's response tokens.
-  Both carry ``state_hash`` = sha256 of the request's latest observation message (the last user
-  or tool message): the tracker sees messages only, not the game. It is proxy mode's last
+  Both carry ``state_key`` = the hash (`arl.envs.game.state_hash`) of the request's latest
+  observation message (the last user or tool message): the tracker sees messages only, not the game. It is proxy mode's last
   fallback: `ProxyEnvManager` keys a step on the game's ``state_key()`` the runner reports (arl's
   runners do), or the observation text it reports, before this message hash.
 
@@ -75,6 +75,7 @@ from typing import Any, get_args
 
 import attrs
 
+from arl._renamed import renamed_fields
 from arl.config import KeepBranches
 from arl.engine.base import SampledWith
 from arl.engine.prompt import PromptView
@@ -104,6 +105,7 @@ class Node:
     sampled_with: SampledWith | None = None  # how its generated tokens were drawn
 
 
+@renamed_fields(state_hash="state_key")
 @attrs.define(eq=False)
 class Prompt:
     """A request's messages resolved to nodes, and the prompt the engine gets.
@@ -119,7 +121,7 @@ class Prompt:
     root: str
     known: int  # how many leading messages were already tracked
     observation: str | None
-    state_hash: str | None
+    state_key: str | None  # the message-source state key: the hash of `observation`
     depth: int = 0  # number of messages
 
 
@@ -140,8 +142,9 @@ class Request:
 
 
 @attrs.define(eq=False)
-class Branch:
-    """A path of nodes that requests extended, with its tokens as one append-only list."""
+class ConversationBranch:
+    """A path of nodes that requests extended, with its tokens as one append-only list (a branch
+    of the module doc; ``keep_branches`` chooses among them)."""
 
     id: int
     nodes: list[Node]
@@ -149,7 +152,7 @@ class Branch:
     ids: list[int] = attrs.Factory(list)  # the concatenation of the nodes' ids
 
     @classmethod
-    def start(cls, id: int, path: Sequence[Node]) -> Branch:
+    def start(cls, id: int, path: Sequence[Node]) -> ConversationBranch:
         branch = cls(id, [], [])
         branch.extend(path)
         return branch
@@ -170,16 +173,18 @@ class Branch:
         return [n.key for n in self.nodes]
 
 
+@renamed_fields(state_hash="state_key")
 @attrs.frozen
 class TrackedSample:
-    """A token sequence for training; the manager adds scores and ids."""
+    """A token sequence for training; the manager adds scores and ids. (``state_hash``, the old
+    name of ``state_key``, still works as a keyword and an attribute, with a DeprecationWarning.)"""
 
     input_ids: list[int]
     response_mask: list[int]
     logprobs: list[float]
     requests: tuple[int, ...]  # the requests whose responses this sample holds
     branch: int
-    state_hash: str | None
+    state_key: str | None
     observation: str | None
     policy_version: int
     finish_reason: str
@@ -207,7 +212,7 @@ class MessageTracker:
         # re-hash every earlier message (O(turns) sha256 per call). Grows like `_nodes`.
         self._keys: dict[tuple[Any, ...], str] = {}
         self.requests: list[Request] = []
-        self.branches: list[Branch] = []
+        self.branches: list[ConversationBranch] = []
         self.stats: dict[str, int] = {
             "requests": 0, "messages_reused": 0, "messages_tokenized": 0, "tokens_tokenized": 0,
             "untracked_assistant": 0, "forks": 0, "history_rewrites": 0,
@@ -295,7 +300,7 @@ class MessageTracker:
         prompt_ids += tpl.gen_prompt_ids
         return Prompt(
             nodes=nodes, prompt_ids=prompt_ids, tools=tools, root=root, known=len(nodes) if known is None else known,
-            observation=observation, state_hash=None if observation is None else state_hash(observation),
+            observation=observation, state_key=None if observation is None else state_hash(observation),
             depth=len(nodes),
         )
 
@@ -334,12 +339,12 @@ class MessageTracker:
     def _assign(self, request: Request) -> None:
         path = [*request.prompt.nodes, request.response]
         keys = [n.key for n in path]
-        best: Branch | None = None
+        best: ConversationBranch | None = None
         for branch in self.branches:  # later branches win ties: they are the most recent
             if branch.continued_by(keys) and (best is None or len(branch.nodes) >= len(best.nodes)):
                 best = branch
         if best is None:
-            best = Branch.start(len(self.branches), path)
+            best = ConversationBranch.start(len(self.branches), path)
             if self.branches:
                 self.stats["forks"] += 1
                 if any(n.role == "assistant" and not n.generated for n in request.prompt.nodes):
@@ -392,7 +397,7 @@ class MessageTracker:
             last = self.requests[branch.requests[-1]]
             out.append(TrackedSample(
                 input_ids=row.ids, response_mask=row.mask, logprobs=row.logprobs,
-                requests=tuple(branch.requests), branch=branch.id, state_hash=last.prompt.state_hash,
+                requests=tuple(branch.requests), branch=branch.id, state_key=last.prompt.state_key,
                 observation=last.prompt.observation,
                 policy_version=min(self.requests[r].policy_version for r in branch.requests),
                 finish_reason=last.finish_reason, sampled_with=row.sampled_with,
@@ -407,7 +412,7 @@ class MessageTracker:
             row = TokenRow.turn(r.prompt.prompt_ids, r.response_ids, r.logprobs, r.closing, r.sampled_with)
             out.append(TrackedSample(
                 input_ids=row.ids, response_mask=row.mask, logprobs=row.logprobs, requests=(r.index,), branch=r.branch,
-                state_hash=r.prompt.state_hash, observation=r.prompt.observation,
+                state_key=r.prompt.state_key, observation=r.prompt.observation,
                 policy_version=r.policy_version, finish_reason=r.finish_reason, sampled_with=row.sampled_with,
             ))
         return out
@@ -416,10 +421,15 @@ class MessageTracker:
 
 
 def __getattr__(name: str) -> Any:
-    """``Keep``, this module's old name of `arl.config.KeepBranches`: still importable, deprecated."""
-    if name == "Keep":
-        import warnings
+    """``Keep``, this module's old name of `arl.config.KeepBranches`, and ``Branch``, its old name
+    of `ConversationBranch`: still importable, deprecated."""
+    import warnings
 
+    if name == "Keep":
         warnings.warn(f"{__name__}.Keep is deprecated: use arl.config.KeepBranches", DeprecationWarning, stacklevel=2)
         return KeepBranches
+    if name == "Branch":
+        warnings.warn(f"{__name__}.Branch is deprecated: use {__name__}.ConversationBranch", DeprecationWarning,
+                      stacklevel=2)
+        return ConversationBranch
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

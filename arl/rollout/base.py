@@ -222,7 +222,7 @@ class EnvManager(abc.ABC):
         """The env step ``gen``'s reply drives, as a Turn that is not recorded on ``traj`` (a forked
         branch's turns are not the trajectory's): (turn, next observation, terminated, truncated).
 
-        The turn's ``state_hash`` is GiGPO's anchor key of ``observation``'s state, taken before
+        The turn's ``state_key`` is GiGPO's anchor key of ``observation``'s state, taken before
         the step moves the env on (`anchor_key`: the game's ``state_key()``, or the observation's
         hash for an env that is not an arl game, which ``info["state_key_source"]`` then says)."""
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
@@ -237,7 +237,7 @@ class EnvManager(abc.ABC):
             reward=float(reward),
             action=info.get("action"),
             action_valid=bool(info.get("action_valid", False)),
-            state_hash=key,
+            state_key=key,
             finish_reason=gen.finish_reason,
             policy_version=gen.policy_version,
             info={k: v for k, v in info.items() if k != "raw_obs"},

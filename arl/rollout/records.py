@@ -3,17 +3,20 @@
 An EpisodeSpec is what to play; a Trajectory is what happened (the env's view); a Sample is what
 the trainer eats (the token view), built by `Sample.of` in every manager. Trajectory-level
 managers make one Sample per episode, step-level managers one per turn.
-A forking step manager (`arl.rollout.fork`) also records the Branches it played from copies of a
-trajectory's env, and one Sample per branch: its forked action, in the trunk's state and prompt.
+A forking step manager (`arl.rollout.fork`) also records the branches it played from copies of a
+trajectory's env (`ForkBranch`), and one Sample per branch: its forked action, in the trunk's state and prompt.
 """
 
 from __future__ import annotations
 
+import functools
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from arl._renamed import renamed_fields, renamed_keywords, warn_renamed
 from arl.agents.runner import RunnerStatus
 from arl.engine.base import SampledWith
 from arl.engine.tokens import TokenRow, count_runs
@@ -48,9 +51,11 @@ class EpisodeSpec:
         return f"{self.group_id}/{self.episode_id}"
 
 
+@renamed_fields(state_hash="state_key")
 @attrs.define
 class Turn:
-    """One model call and the env step it drove."""
+    """One model call and the env step it drove. (``state_hash``, the old name of ``state_key``,
+    still works as a keyword and an attribute, with a DeprecationWarning.)"""
 
     observation: str  # raw observation the action was taken in
     # The full prompt fed to the engine: a list, or a PromptView into the episode's token list
@@ -61,9 +66,9 @@ class Turn:
     reward: float = 0.0
     action: str | None = None  # parsed action, None when invalid
     action_valid: bool = False
-    # GiGPO's anchor key: the hash of the game's state_key() in that state (`arl.envs.anchor_key`;
-    # info["state_key_source"] names any fallback)
-    state_hash: str | None = None
+    # The state key, GiGPO's anchor: a hash of the game's state_key() in that state
+    # (`arl.envs.anchor_key`; info["state_key_source"] names any fallback)
+    state_key: str | None = None
     finish_reason: str = "stop"
     policy_version: int = 0
     info: dict[str, Any] = attrs.Factory(dict)
@@ -71,7 +76,7 @@ class Turn:
 
 
 @attrs.define
-class Branch:
+class ForkBranch:
     """One alternative sampled at a forked state of a trajectory (`arl.rollout.fork`): a copy of the
     env at trunk step `step` took completion `index` of the fork's n=K request, then played on under
     the policy. Not an episode of its group: the trunk is; a branch only prices one action."""
@@ -105,7 +110,7 @@ class Trajectory:
     error: str | None = None  # the exception text for abnormal exits
     traceback: str | None = None  # the formatted traceback of the exception that ended the episode
     timings: dict[str, float] = attrs.Factory(dict)
-    branches: list[Branch] = attrs.Factory(list)  # forked alternatives (arl.rollout.fork), in fork order
+    branches: list[ForkBranch] = attrs.Factory(list)  # forked alternatives (arl.rollout.fork), in fork order
 
     @property
     def traj_id(self) -> str:
@@ -116,20 +121,58 @@ class Trajectory:
         return self.exit_reason in NORMAL_EXITS
 
 
+# Sample's arguments after old_logprobs; before `score` was removed it came fourth, these after it
+_AFTER_LOGPROBS = ("episode_score", "step_score", "group_id", "traj_id")
+
+
+def _score_as_fourth_argument(cls: type[Sample]) -> type[Sample]:
+    """Sample's ``__init__`` also takes the positional arguments of before ``score`` was removed,
+    ``(input_ids, response_mask, old_logprobs, score, episode_score, step_score, group_id, ...)``:
+    ``score`` is dropped with a DeprecationWarning (TypeError unless it equals ``step_score``).
+    Told apart by what follows: a number where ``group_id`` comes now, or an argument given both
+    positionally now and by keyword (the old layout's ``episode_score=`` / ``step_score=``)."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Sample, *args: Any, **kwargs: Any) -> None:
+        if len(args) >= 4 and (
+            any(name in kwargs for name in _AFTER_LOGPROBS[: len(args) - 3])
+            or (len(args) >= 6 and isinstance(args[5], numbers.Number))
+        ):
+            score, args = args[3], args[:3] + args[4:]
+            warn_renamed("Sample(input_ids, response_mask, old_logprobs, score, ...)",
+                         "Sample(input_ids, response_mask, old_logprobs, episode_score, step_score, ...): "
+                         "score, a copy of step_score, is removed", stacklevel=3)  # Sample()'s caller
+            step_score = args[4] if len(args) >= 5 else kwargs.get("step_score")
+            if score != step_score:
+                raise TypeError(f"Sample() got score={score!r} and step_score={step_score!r}: score, the old "
+                                "copy of step_score, is removed; give only step_score")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
+@renamed_fields(state_hash="state_key", score="step_score")
+@_score_as_fourth_argument
 @attrs.define
 class Sample:
-    """One training sequence. `old_logprobs` and `response_mask` align with `input_ids`."""
+    """One training sequence. `old_logprobs` and `response_mask` align with `input_ids`.
+
+    Old names, still accepted with a DeprecationWarning: ``state_hash`` (now ``state_key``) and
+    ``score`` (a copy of ``step_score``, removed; given with ``step_score``, the two must be equal),
+    as keywords and read-only attributes, and ``score`` as the fourth positional argument.
+    """
 
     input_ids: list[int]
     response_mask: list[int]  # 1 on engine-generated tokens (the loss mask), else 0
     old_logprobs: list[float]  # engine log-probs at response positions, 0.0 elsewhere
-    score: float  # == step_score (what collate puts on the last response token); estimators read the two below
-    episode_score: float
-    step_score: float  # this step's reward (== episode_score for trajectory samples)
+    episode_score: float  # the episode's total
+    step_score: float  # this step's reward (== episode_score for trajectory samples): collate's scores
     group_id: str  # members of a group played the same seed ("traj_group_id")
     traj_id: str
     step: int = 0  # turn index inside its trajectory (0 for trajectory samples)
-    state_hash: str | None = None
+    state_key: str | None = None  # the state key (GiGPO's anchor) of the state the action was taken in
     env_id: str = ""
     exit_reason: str = "terminated"
     action_valid: bool = True
@@ -161,22 +204,23 @@ class Sample:
             raise ValueError("a branch sample needs the fork_id of the state it was forked in")
 
     @classmethod
+    @renamed_keywords("Sample.of", score="step_score", state_hash="state_key")
     def of(
-        cls, spec: EpisodeSpec, traj: Trajectory, row: TokenRow, *, mode: str, score: float,
-        action_valid: bool, policy_version: int, step: int = 0, state_hash: str | None = None,
+        cls, spec: EpisodeSpec, traj: Trajectory, row: TokenRow, *, mode: str, step_score: float,
+        action_valid: bool, policy_version: int, step: int = 0, state_key: str | None = None,
         traj_id: str | None = None, episode_score: float | None = None, info: dict[str, Any] | None = None,
         fork_id: str | None = None, fork_rewards: Sequence[float] = (), branch: bool = False,
     ) -> Sample:
         """The one way a manager makes a Sample: ``row``'s tokens, loss mask, log-probs and draws,
-        credited with ``score`` (also its ``step_score``), in ``spec``'s group, env and trajectory
+        credited with ``step_score``, in ``spec``'s group, env and trajectory
         (``traj_id``: another, a branch's) and ``traj``'s exit and episode score (``episode_score``:
         another, a branch's). ``info`` holds ``mode`` and the episode's seed, tag, number of turns and
         success, then ``info``'s own entries (which may replace them)."""
         return cls(
             input_ids=row.ids, response_mask=row.mask, old_logprobs=row.logprobs, sampled_with=row.sampled_with,
-            score=score, episode_score=traj.episode_score if episode_score is None else episode_score,
-            step_score=score, group_id=spec.group_id, traj_id=spec.traj_id if traj_id is None else traj_id,
-            step=step, state_hash=state_hash, env_id=spec.env_id, exit_reason=traj.exit_reason,
+            episode_score=traj.episode_score if episode_score is None else episode_score,
+            step_score=step_score, group_id=spec.group_id, traj_id=spec.traj_id if traj_id is None else traj_id,
+            step=step, state_key=state_key, env_id=spec.env_id, exit_reason=traj.exit_reason,
             action_valid=action_valid, policy_version=policy_version,
             info={"mode": mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(traj.turns),
                   "success": traj.success, **(info or {})},
@@ -197,7 +241,7 @@ def token_temperatures(sample: Sample, default: float = 1.0) -> list[float]:
     at (`SampledWith.scoring_temperature`: 1 for a greedy draw), ``default`` where the sample
     does not say; 1 on context tokens (never scored).
 
-    >>> s = Sample([1, 2, 3, 4, 5], [0, 1, 0, 1, 1], [0.0] * 5, 0.0, 0.0, 0.0, "g", "g/0",
+    >>> s = Sample([1, 2, 3, 4, 5], [0, 1, 0, 1, 1], [0.0] * 5, 0.0, 0.0, "g", "g/0",
     ...            sampled_with=[SampledWith(temperature=0.3), SampledWith(temperature=0.0)])
     >>> token_temperatures(s)
     [1.0, 0.3, 1.0, 1.0, 1.0]
@@ -231,7 +275,7 @@ def sampling_counts(samples: Sequence[Sample], mask_abnormal: bool = False) -> d
                                   (``agent_sampling: override``), over the batch's episodes; present
                                   only where samples carry their handler's stats (proxy mode)
 
-    >>> s = Sample([1, 2, 3], [0, 1, 1], [0.0] * 3, 0.0, 0.0, 0.0, "g", "g/0",
+    >>> s = Sample([1, 2, 3], [0, 1, 1], [0.0] * 3, 0.0, 0.0, "g", "g/0",
     ...            sampled_with=[SampledWith(temperature=0.5, top_p=0.9)])
     >>> sampling_counts([s])["sampling_truncated_tokens"]
     2.0
@@ -270,8 +314,9 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = Fa
 
     Returns input_ids, attention_mask, position_ids, response_mask, logprobs, temperatures
     (`token_temperatures`, ``default_temperature`` for samples that do not record theirs) (B, L)
-    tensors; token_scores (B, L) with each sample's score on its last response token; scores,
-    episode_scores, step_scores, steps (B,) tensors; and group_ids, traj_ids, state_hashes lists.
+    tensors; token_scores (B, L) with each sample's ``step_score`` on its last response token;
+    scores (each sample's ``step_score``, as step_scores), episode_scores, step_scores, steps (B,)
+    tensors; and group_ids, traj_ids, state_keys lists.
     With `mask_abnormal`, samples of abnormally ended episodes get an all-zero response_mask.
     """
     import torch
@@ -294,7 +339,7 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = Fa
             response_mask[i, :n] = torch.tensor(s.response_mask, dtype=torch.float32)
         logprobs[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         resp = [j for j, m in enumerate(s.response_mask) if m]
-        token_scores[i, resp[-1] if resp else n - 1] = s.score
+        token_scores[i, resp[-1] if resp else n - 1] = s.step_score
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return {
         "input_ids": input_ids,
@@ -304,11 +349,21 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = Fa
         "logprobs": logprobs,
         "temperatures": temperatures,
         "token_scores": token_scores,
-        "scores": torch.tensor([s.score for s in samples], dtype=torch.float32),
+        "scores": torch.tensor([s.step_score for s in samples], dtype=torch.float32),
         "episode_scores": torch.tensor([s.episode_score for s in samples], dtype=torch.float32),
         "step_scores": torch.tensor([s.step_score for s in samples], dtype=torch.float32),
         "steps": torch.tensor([s.step for s in samples], dtype=torch.long),
         "group_ids": [s.group_id for s in samples],
         "traj_ids": [s.traj_id for s in samples],
-        "state_hashes": [s.state_hash for s in samples],
+        "state_keys": [s.state_key for s in samples],
     }
+
+
+def __getattr__(name: str) -> Any:
+    """``Branch``, this module's old name of `ForkBranch`: still importable, deprecated."""
+    if name == "Branch":
+        import warnings
+
+        warnings.warn(f"{__name__}.Branch is deprecated: use {__name__}.ForkBranch", DeprecationWarning, stacklevel=2)
+        return ForkBranch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

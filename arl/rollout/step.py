@@ -2,11 +2,11 @@
 
 The prompt of step t is `step_messages(...)`: instructions, the last `history_len` steps
 (observation, action, reward) — every step, valid or not — and the current observation. Each
-sample is prompt + response with the loss mask on the response; its score is the step reward,
-and every sample of an episode gets the final episode score once the episode ends. `state_hash`
-is the hash of the game's ``state_key()`` in the state the action was taken in (not the prompt,
-not the history; `arl.envs.anchor_key`, set by `take`), so GiGPO can group equal states across the
-members of a group (docs/reference.md §2, §3.2); an env that is not an arl game is keyed by its
+sample is prompt + response with the loss mask on the response; its ``step_score`` is the step
+reward, and every sample of an episode gets the final ``episode_score`` once the episode ends. Its
+``state_key`` is the hash of the game's ``state_key()`` in the state the action was taken in (not
+the prompt, not the history; `arl.envs.anchor_key`, set by `take`), so GiGPO can group equal states
+across the members of a group (docs/reference.md §2, §3.2); an env that is not an arl game is keyed by its
 raw observation text, and its turns say so (``info["state_key_source"] == "observation"``).
 
 Exit reasons as in TrajEnvManager; "max_length" here means a single step prompt (which grows
@@ -82,5 +82,5 @@ class StepEnvManager(EnvManager):
         manager's branch rows give their ``differences`` (`Sample.of`'s keywords)."""
         row = TokenRow.turn(turn.prompt_ids, turn.response_ids, turn.response_logprobs,
                             self.close_turn(turn.response_ids), turn.sampled_with)
-        return Sample.of(spec, traj, row, mode=self.mode, score=turn.reward, step=step, state_hash=turn.state_hash,
+        return Sample.of(spec, traj, row, mode=self.mode, step_score=turn.reward, step=step, state_key=turn.state_key,
                          action_valid=turn.action_valid, policy_version=turn.policy_version, **differences)

@@ -65,7 +65,7 @@ class TrajEnvManager(EnvManager):
             bridge = turn.prompt_ids[len(row.ids) :]
             row.context(bridge).generated(turn.response_ids, turn.response_logprobs, turn.sampled_with)
             row.context(self.close_turn(turn.response_ids))
-        return [Sample.of(spec, traj, row, mode=self.mode, score=traj.episode_score,
+        return [Sample.of(spec, traj, row, mode=self.mode, step_score=traj.episode_score,
                           action_valid=all(t.action_valid for t in traj.turns),
                           policy_version=min(t.policy_version for t in traj.turns))]
 

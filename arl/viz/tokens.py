@@ -103,23 +103,23 @@ def _title(row: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def _anchor_colour(state_hash: str | None) -> str:
-    if not state_hash:
+def _anchor_colour(state_key: str | None) -> str:
+    if not state_key:
         return "#999"
     try:
-        hue = int(state_hash[:6], 16) % 360
+        hue = int(state_key[:6], 16) % 360
     except ValueError:
-        hue = sum(map(ord, state_hash)) % 360
+        hue = sum(map(ord, state_key)) % 360
     return f"hsl({hue},55%,40%)"
 
 
 def _header(sample: Any, anchor_size: int | None) -> str:
     e = html.escape
-    sh = sample.state_hash
-    anchor = (f'<span class="anchor" style="background:{_anchor_colour(sh)}" title="anchor group (state hash)">'
-              f'anchor {e(str(sh))}{"" if anchor_size is None else f" ×{anchor_size}"}</span>')
+    key = sample.state_key
+    anchor = (f'<span class="anchor" style="background:{_anchor_colour(key)}" title="anchor group (state key)">'
+              f'anchor {e(str(key))}{"" if anchor_size is None else f" ×{anchor_size}"}</span>')
     fields = [("traj", sample.traj_id), ("group", sample.group_id), ("step", sample.step), ("env", sample.env_id),
-              ("score", _fmt(sample.score)), ("episode", _fmt(sample.episode_score)),
+              ("step score", _fmt(sample.step_score)), ("episode", _fmt(sample.episode_score)),
               ("exit", sample.exit_reason), ("valid", sample.action_valid), ("policy", sample.policy_version),
               ("tokens", f"{len(sample.input_ids)} ({sample.num_response_tokens} trained)")]
     return '<div class="head">' + " ".join(f"{k} <b>{e(str(v))}</b>" for k, v in fields) + f" {anchor}</div>"
@@ -177,7 +177,7 @@ def episode_html(samples: Sequence[Any], tokenizer: Any = None, *, trajectory: A
     """The samples of one episode (or any list of samples), in order. ``trajectory``: its Trajectory,
     whose turns' observations are shown as each step's frame; ``advantages``/``trainer_logprobs``:
     one entry per sample (see `sample_html`). Anchor groups are counted over ``samples``."""
-    sizes = Counter((s.group_id, s.state_hash) for s in samples)
+    sizes = Counter((s.group_id, s.state_key) for s in samples)
     turns = list(getattr(trajectory, "turns", None) or [])
     out = []
     for i, s in enumerate(samples):
@@ -190,7 +190,7 @@ def episode_html(samples: Sequence[Any], tokenizer: Any = None, *, trajectory: A
         out.append(sample_html(s, tokenizer, advantages=None if advantages is None else advantages[i],
                                trainer_logprobs=None if trainer_logprobs is None else trainer_logprobs[i],
                                frames=frames, mask_abnormal=mask_abnormal,
-                               anchor_size=sizes[(s.group_id, s.state_hash)] if s.state_hash else None,
+                               anchor_size=sizes[(s.group_id, s.state_key)] if s.state_key else None,
                                standalone=False))
     body = "".join(out) or "<p>no samples</p>"
     return wrap(body) if standalone else body

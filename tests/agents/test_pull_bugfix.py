@@ -67,7 +67,7 @@ async def test_pull_and_push_bugfix_agents_make_the_same_samples(tiny_tokenizer)
             assert x.input_ids == y.input_ids
             assert x.response_mask == y.response_mask
             assert x.old_logprobs == y.old_logprobs
-            assert (x.score, x.step_score, x.state_hash, x.step) == (y.score, y.step_score, y.state_hash, y.step)
+            assert (x.step_score, x.state_key, x.step) == (y.step_score, y.state_key, y.step)
     # the tools really ran in both (the same tokens, so in pull mode too): the command, the editor
     text = tiny_tokenizer.decode(pull[0].samples[0].input_ids)
     assert "<tool_response>\nsequtils.py\n1\n[exit code 0]\n</tool_response>" in text

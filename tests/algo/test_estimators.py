@@ -19,8 +19,8 @@ from arl.train import Trainer
 def _samples() -> list[Sample]:
     # two episodes of one group, two steps each; the first steps share a state (one anchor group)
     rows = [("e0", 0, "s0", 1.0, 0.0), ("e0", 1, "s1", 1.0, 1.0), ("e1", 0, "s0", 0.0, 0.0), ("e1", 1, "s2", 0.0, 0.0)]
-    return [Sample(input_ids=[1, 2], response_mask=[0, 1], old_logprobs=[0, -1], score=step_score,
-                   episode_score=ep, step_score=step_score, group_id="g", traj_id=traj, step=step, state_hash=h)
+    return [Sample(input_ids=[1, 2], response_mask=[0, 1], old_logprobs=[0, -1],
+                   episode_score=ep, step_score=step_score, group_id="g", traj_id=traj, step=step, state_key=h)
             for traj, step, h, ep, step_score in rows]
 
 
@@ -37,7 +37,7 @@ def test_each_builtin_name_gives_what_its_function_gives():
     adv, stats = estimators.estimate("gigpo", samples, algo)
     direct, direct_stats = gigpo([s.episode_score for s in samples], [s.step_score for s in samples],
                                  ["g"] * 4, [s.traj_id for s in samples], [s.step for s in samples],
-                                 [s.state_hash for s in samples], gamma=algo.gamma, step_weight=algo.step_weight,
+                                 [s.state_key for s in samples], gamma=algo.gamma, step_weight=algo.step_weight,
                                  mode=algo.gigpo_norm)
     np.testing.assert_array_equal(adv, direct)
     assert stats == {**{f"gigpo_{k}": float(v) for k, v in direct_stats.items()},

@@ -81,7 +81,7 @@ def test_linear_conversation_is_token_exact(tok):
         lp for r in tracker.requests for lp in r.logprobs
     ]
     assert tracker.stats["untracked_assistant"] == 0 and tracker.stats["forks"] == 0
-    assert sample.requests == (0, 1, 2) and sample.state_hash == state_hash("Turn 3:\nX_P\nDecide:")
+    assert sample.requests == (0, 1, 2) and sample.state_key == state_hash("Turn 3:\nX_P\nDecide:")
 
 
 def test_tools_change_the_rendering_and_the_chain(tiny_tokenizer):
@@ -209,13 +209,13 @@ def test_echo_with_openai_shapes_matches(tiny_tokenizer):
     assert again.known == 3 and tracker.stats["untracked_assistant"] == 0
 
 
-def test_step_samples_and_state_hash(tiny_tokenizer):
+def test_step_samples_and_state_key(tiny_tokenizer):
     tok = tiny_tokenizer
     tracker, fake = MessageTracker(tok), Fake(tok)
     _, r0, a0 = fake(tracker, [SYS, user("obs A")], "<answer>Up</answer>")
     _, r1, _ = fake(tracker, [SYS, user("obs A"), a0, user("obs A")], "<answer>Up</answer>")
     s0, s1 = tracker.step_samples()
-    assert s0.state_hash == s1.state_hash == state_hash("obs A")
+    assert s0.state_key == s1.state_key == state_hash("obs A")
     assert s1.input_ids == r1.prompt.prompt_ids + r1.response_ids
     assert masked(s0) == r0.response_ids and s1.requests == (1,)
 

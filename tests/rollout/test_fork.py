@@ -76,7 +76,7 @@ async def test_forked_states_are_groups_of_exactly_k_sharing_one_prompt(scripted
             for s in rows:  # the same prompt, token for token, and the loss on the reply only
                 assert s.input_ids[: len(prompt)] == prompt and s.response_mask[: len(prompt)] == [0] * len(prompt)
                 assert s.step == t and s.group_id == traj.group_id
-                assert s.state_hash == trunk[0].state_hash == traj.turns[t].state_hash
+                assert s.state_key == trunk[0].state_key == traj.turns[t].state_key
     assert all(len(rows) == K for rows in forks.values())
 
 
@@ -112,7 +112,7 @@ async def test_branch_rows_train_the_forked_action_only(scripted_engine):
             assert s.input_ids[n_prompt : n_prompt + len(first.response_ids)] == first.response_ids
             assert sum(s.response_mask) == len(first.response_ids)
             assert s.old_logprobs[n_prompt : n_prompt + len(first.response_ids)] == first.response_logprobs
-            assert s.fork_rewards == tuple(b.rewards) and s.score == first.reward
+            assert s.fork_rewards == tuple(b.rewards) and s.step_score == first.reward
             assert s.episode_score == pytest.approx(sum(t.reward for t in traj.turns[: b.step]) + sum(b.rewards))
             assert s.exit_reason == traj.exit_reason
         trunk = trunk_rows[0]
@@ -192,13 +192,13 @@ async def test_advantages_are_computed_as_documented(scripted_engine):
             g = s.step_score + 0.5 * g
             returns[(traj_id, s.step)] = g
             if s.fork_id is None:
-                natural[(s.group_id, s.state_hash)].append(g)
+                natural[(s.group_id, s.state_key)].append(g)
     for s, a in zip(samples, adv, strict=True):
         a_e = 0.0 if s.branch else s.episode_score - np.mean(group_mean[s.group_id])
         if s.fork_id is not None:
             a_s = sum(r * 0.5**i for i, r in enumerate(s.fork_rewards)) - fork_mean[s.fork_id]
         else:
-            members = natural[(s.group_id, s.state_hash)]
+            members = natural[(s.group_id, s.state_key)]
             a_s = returns[(s.traj_id, s.step)] - np.mean(members) if len(members) > 1 else 0.0
         assert a == pytest.approx(a_e + 2.0 * a_s, abs=1e-9)
     assert stats["gigpo_fork_groups"] == len(forks) and stats["gigpo_fork_group_size_mean"] == K

@@ -36,8 +36,8 @@ async def test_step_samples(scripted_engine, tiny_tokenizer, env_id):
         assert sample.input_ids == prompt + turn.response_ids
         assert sample.response_mask == [0] * len(prompt) + [1] * len(turn.response_ids)
         assert sample.old_logprobs[len(prompt) :] == turn.response_logprobs
-        assert sample.state_hash == state_hash(obs) == turn.state_hash
-        assert sample.step == t and sample.score == sample.step_score == turn.reward
+        assert sample.state_key == state_hash(obs) == turn.state_key
+        assert sample.step == t and sample.step_score == turn.reward
         assert sample.episode_score == pytest.approx(traj.episode_score)
         assert sample.action_valid == turn.action_valid
         reply = tiny_tokenizer.decode(turn.response_ids, skip_special_tokens=True)
@@ -65,12 +65,12 @@ async def test_equal_observations_equal_hashes(scripted_engine):
     manager = StepEnvManager(scripted_engine, ManagerConfig(max_tokens=32, history_len=2))
     episodes = [await manager.run_episode(spec(member=m)) for m in range(4)]
     first = [e.samples[0] for e in episodes]
-    assert len({s.state_hash for s in first}) == 1
+    assert len({s.state_key for s in first}) == 1
     assert len({e.trajectory.turns[0].observation for e in episodes}) == 1
     by_obs: dict[str, set[str]] = {}
     for e in episodes:
         for turn, s in zip(e.trajectory.turns, e.samples, strict=True):
-            by_obs.setdefault(turn.observation, set()).add(s.state_hash)
+            by_obs.setdefault(turn.observation, set()).add(s.state_key)
     assert all(len(hashes) == 1 for hashes in by_obs.values())
     assert len({next(iter(h)) for h in by_obs.values()}) == len(by_obs)  # distinct obs, distinct hash
     # Members sample differently even though they play the same level (per-member request seeds).

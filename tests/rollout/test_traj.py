@@ -61,7 +61,7 @@ def check_alignment(episode):
     # Every turn's prompt is a prefix of the final sample (no re-tokenization between turns).
     for t in traj.turns:
         assert sample.input_ids[: len(t.prompt_ids)] == t.prompt_ids
-    assert sample.score == sample.episode_score == sample.step_score == pytest.approx(traj.episode_score)
+    assert sample.episode_score == sample.step_score == pytest.approx(traj.episode_score)
     assert traj.episode_score == pytest.approx(sum(t.reward for t in traj.turns))
 
 

@@ -13,8 +13,8 @@ from arl.viz import sample_html, token_rows, write_report
 def _sample() -> Sample:
     # 3 prompt tokens, 2 trained response tokens, 1 masked closing token
     return Sample(input_ids=[5, 6, 7, 8, 9, 10], response_mask=[0, 0, 0, 1, 1, 0],
-                  old_logprobs=[0, 0, 0, -0.5, -1.0, 0], score=1.0, episode_score=1.0, step_score=1.0,
-                  group_id="g", traj_id="t", state_hash="abc")
+                  old_logprobs=[0, 0, 0, -0.5, -1.0, 0], episode_score=1.0, step_score=1.0,
+                  group_id="g", traj_id="t", state_key="abc")
 
 
 def test_every_token_is_one_span_with_its_role_and_ratio():

@@ -255,7 +255,7 @@ def turn_state_key(turn: Turn) -> tuple[str, str]:
     key (a proxy call with no user or tool message to hash) is keyed by the hash of its
     observation text: verl's rows need a string per turn.
     """
-    key = turn.state_hash if turn.state_hash is not None else state_hash(turn.observation)
+    key = turn.state_key if turn.state_key is not None else state_hash(turn.observation)
     return key, str(turn.info.get("state_key_source", "observation"))
 
 
