@@ -24,7 +24,7 @@ from arl.rollout.base import (
 from arl.rollout.fork import ForkEnvManager, NotForkableError
 from arl.rollout.metrics import rollout_metrics
 from arl.rollout.proxy import ProxyEnvManager
-from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, Branch, Sample, Trajectory, Turn, collate
+from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, ForkBranch, Sample, Trajectory, Turn, collate
 from arl.rollout.scheduler import VAL_BASE_SEED, GroupScheduler, RolloutBatch
 from arl.rollout.step import StepEnvManager
 from arl.rollout.traj import TrajEnvManager
@@ -33,11 +33,11 @@ __all__ = [
     "EXIT_REASONS",
     "NORMAL_EXITS",
     "VAL_BASE_SEED",
-    "Branch",
     "EnvError",
     "EnvManager",
     "Episode",
     "EpisodeSpec",
+    "ForkBranch",
     "ForkEnvManager",
     "GroupScheduler",
     "InternalError",
@@ -58,3 +58,13 @@ __all__ = [
     "rollout_metrics",
     "state_hash",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``Branch``, the old name of `ForkBranch`: still importable, deprecated."""
+    if name == "Branch":
+        import warnings
+
+        warnings.warn(f"{__name__}.Branch is deprecated: use {__name__}.ForkBranch", DeprecationWarning, stacklevel=2)
+        return ForkBranch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -106,7 +106,7 @@ from arl.config import ManagerConfig
 from arl.engine.base import Generation, SamplingParams
 from arl.envs.fork import NotForkableError, fork_env
 from arl.rollout.base import EpisodeSpec
-from arl.rollout.records import Branch, Sample, Trajectory, Turn
+from arl.rollout.records import ForkBranch, Sample, Trajectory, Turn
 from arl.rollout.step import StepEnvManager
 
 __all__ = ["ForkEnvManager", "NotForkableError", "check_forkable", "resolve_rule"]
@@ -152,7 +152,7 @@ def check_forkable(env_id: str, config: ManagerConfig) -> None:
         env.close()
 
 
-def branch_seed(config: ManagerConfig, spec: EpisodeSpec, branch: Branch, turn: int) -> int | None:
+def branch_seed(config: ManagerConfig, spec: EpisodeSpec, branch: ForkBranch, turn: int) -> int | None:
     """A branch's playout request seed: `request_seed`'s hash with the branch in the key, so a
     branch that meets the trunk's state and history does not replay the trunk's sample."""
     if config.sampling_seed is None:
@@ -209,7 +209,7 @@ class ForkEnvManager(StepEnvManager):
         gens = await self.generate_n(traj, prompt, params)
         fork_id = f"{spec.traj_id}@{t}"
         for index, (copy, gen) in enumerate(zip(copies, gens[1:], strict=True), start=1):
-            branch = Branch(fork_id=fork_id, traj_id=f"{fork_id}.{index}", step=t, index=index)
+            branch = ForkBranch(fork_id=fork_id, traj_id=f"{fork_id}.{index}", step=t, index=index)
             traj.branches.append(branch)  # in fork order, whatever order they finish in
             branches.start_soon(self.play_branch, spec, traj, branch, copy, prompt, obs, list(history), limit, gen)
         turn, next_obs, terminated, truncated = self.take(traj, env, prompt, obs, gens[0])
@@ -228,7 +228,7 @@ class ForkEnvManager(StepEnvManager):
 
     # -- a branch -----------------------------------------------------------------------------------
     async def play_branch(
-        self, spec: EpisodeSpec, traj: Trajectory, branch: Branch, env: Any, prompt: list[int], obs: str,
+        self, spec: EpisodeSpec, traj: Trajectory, branch: ForkBranch, env: Any, prompt: list[int], obs: str,
         history: History, limit: int, gen: Generation,
     ) -> None:
         """The forked action ``gen`` in the copy ``env``, then the policy on until the episode ends,
@@ -268,7 +268,7 @@ class ForkEnvManager(StepEnvManager):
                 sample.fork_rewards = tuple(turn.reward for turn in traj.turns[sample.step : end])
         return samples + [self._branch_sample(spec, traj, b) for b in traj.branches if b.turns]
 
-    def _branch_sample(self, spec: EpisodeSpec, traj: Trajectory, branch: Branch) -> Sample:
+    def _branch_sample(self, spec: EpisodeSpec, traj: Trajectory, branch: ForkBranch) -> Sample:
         """The forked action of ``branch``: the fork's prompt + its completion, scored by its step
         reward; ``episode_score`` is the episode it completes (the trunk's rewards before the fork,
         then the branch's), for reading only: no estimator counts a branch as an episode."""
