@@ -76,7 +76,7 @@ from arl.intercept.server import ProxyServer  # noqa: E402
 from arl.intercept.transport import InProcessTransport, transport_client  # noqa: E402
 from arl.rollout import GroupScheduler  # noqa: E402
 from arl.rollout.proxy import ProxyEnvManager  # noqa: E402
-from arl.rollout.runners import bind_runner, gym_runner  # noqa: E402
+from arl.rollout.runners import gym_runner, make_runner_factory  # noqa: E402
 
 ENV_ID = "arl/Sokoban-v0"
 CLOCK = time.thread_time  # CPU time of the event-loop thread: other tenants of a shared machine do not count
@@ -135,7 +135,7 @@ class StreamingGymRunner(GymRunner):
 def agent_manager(runner_cls: type, transport: str, engine: Any, config: ManagerConfig) -> ProxyEnvManager:
     """proxy-http's manager (the "traj" tracker) playing ``runner_cls``: over loopback HTTP
     (``transport="http"``), or with its openai clients in-process (``"inproc"``, as proxy-openai-inproc)."""
-    manager = ProxyEnvManager(engine, config, runner_for=bind_runner(gym_runner, runner_cls=runner_cls),
+    manager = ProxyEnvManager(engine, config, make_runner_factory(gym_runner, runner_cls=runner_cls),
                               transport="http", granularity="traj")
     return in_process(manager) if transport == "inproc" else manager
 

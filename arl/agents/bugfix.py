@@ -44,8 +44,9 @@ class BugFixRunner(ToolCallRunner):
 
 
 def bugfix_runner(client: Any, spec: Any, config: Any, **kwargs: Any) -> AgentRunner:
-    """Proxy-mode factory: a `BugFixRunner` on ``spec.env_id`` with the manager config's sampling
-    settings (the same mapping as `arl.rollout.runners.gym_runner`; ``kwargs`` go to the runner)."""
+    """The runner factory (`arl.rollout.runners.RunnerFactory`) of `BugFixRunner`: one on
+    ``spec.env_id`` with the manager config's sampling settings (the same mapping as
+    `arl.rollout.runners.gym_runner`; ``kwargs`` go to the runner)."""
     return BugFixRunner(
         client, spec.env_id, max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p,
         max_turns=config.max_turns, extra_body={"top_k": config.top_k} if config.top_k else None,

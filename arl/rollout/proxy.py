@@ -6,8 +6,8 @@ per-request seed TrajEnvManager would use, the engine's exact tokens and log-pro
 an OpenAI-compatible client calling it — an `InProcessClient` (``transport="inprocess"``: a
 plain function call, episode key ``spec.traj_id``) or a stock ``openai.AsyncOpenAI`` pointed at a
 `ProxyServer` (``transport="http"``, with an unguessable per-episode bearer token as the episode
-key) — hands the client to ``runner_factory(client, spec)`` and awaits
-``runner.run_job(spec.seed)``.
+key) — makes the episode's runner with ``runner_factory(client, spec, config)`` (a runner
+factory: `arl.rollout.runners`) and awaits ``runner.run_job(spec.seed)``.
 
 After the episode the tracker yields the samples: ``granularity="traj"`` one per branch (see
 `MessageTracker` for forks; ``keep_branches="longest"`` keeps one) scored with the runner's
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import logging
 import secrets
 import traceback
@@ -54,17 +55,48 @@ from arl.intercept.server import ProxyServer
 from arl.intercept.tracker import MessageTracker, Request, TrackedSample
 from arl.rollout.base import EnvManager, Episode, EpisodeSpec, request_seed
 from arl.rollout.records import EXIT_REASONS, Sample, Trajectory, Turn
-from arl.rollout.runners import RunnerBinder, RunnerFactory, gym_runner
+from arl.rollout.runners import RunnerFactory, gym_runner
 
 _DEFAULTS = ProxyConfig()  # the manager's defaults are rollout.proxy's: one place for each
 
 _log = logging.getLogger(__name__)
 
 
-def gym_runner_factory(config: ManagerConfig, runner_cls: type = GymRunner, **kwargs: Any) -> RunnerFactory:
-    """The `RunnerFactory` of `GymRunner` (or `ToolCallRunner`) playing ``spec.env_id`` with the
-    config's sampling settings, so proxy episodes sample like TrajEnvManager's. Called with the
-    config alone it is a `RunnerBinder`: `ProxyEnvManager`'s default ``runner_for``."""
+def _with_config(factory: Any) -> RunnerFactory:
+    """``factory`` as a runner factory. One that can be called as ``(client, spec)`` alone is of
+    the old shape, which takes no config (``lambda client, spec, r=result: ...`` too: its third
+    parameter is not a config): it is called so, with a DeprecationWarning. One whose signature
+    cannot be read is taken as it is."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return factory  # type: ignore[no-any-return]
+
+    def takes(*args: None) -> bool:
+        try:
+            signature.bind(*args)
+        except TypeError:
+            return False
+        return True
+
+    if not takes(None, None):  # a runner factory (it needs the config), or what its episodes will say is wrong
+        return factory  # type: ignore[no-any-return]
+    warnings.warn("a runner factory of (client, spec) is deprecated: take (client, spec, config), the manager's "
+                  "ManagerConfig (arl.rollout.runners.RunnerFactory)", DeprecationWarning, stacklevel=3)
+    return functools.partial(_without_config, factory)
+
+
+def _without_config(factory: Any, client: Any, spec: EpisodeSpec, config: ManagerConfig) -> AgentRunner:
+    return factory(client, spec)  # type: ignore[no-any-return]
+
+
+def _from_binder(binder: Any, client: Any, spec: EpisodeSpec, config: ManagerConfig) -> AgentRunner:
+    return binder(config)(client, spec)  # type: ignore[no-any-return]  (the old runner_for=binder)
+
+
+def _gym_runner_factory(config: ManagerConfig, runner_cls: type = GymRunner, **kwargs: Any) -> RunnerFactory:
+    """The old ``gym_runner_factory``: `GymRunner` (or ``runner_cls``) bound to ``config``, whatever
+    config the manager calls it with."""
     return functools.partial(_bound_gym_runner, config, runner_cls, kwargs)
 
 
@@ -115,7 +147,13 @@ _CURRENT: contextvars.ContextVar[list[_Episode]] = contextvars.ContextVar("arl_p
 
 
 class ProxyEnvManager(EnvManager):
-    """Runs agent code (an `AgentRunner`) per episode and builds samples from its model calls."""
+    """Runs agent code (an `AgentRunner`) per episode and builds samples from its model calls.
+
+    ``runner_factory`` (default `gym_runner`) makes each episode's runner: the manager calls
+    ``runner_factory(client, spec, self.config)`` (`arl.rollout.runners.make_runner_factory`
+    makes one from a runner name, an agent function or a `ProxyConfig`). One that can be called
+    as ``(client, spec)`` alone is of the old shape: still called so, with a DeprecationWarning.
+    """
 
     def __init__(
         self,
@@ -129,7 +167,7 @@ class ProxyEnvManager(EnvManager):
         server: ProxyServer | None = None,
         model_name: str = "arl",
         chat_template_kwargs: dict[str, Any] | None = None,
-        runner_for: RunnerBinder | None = None,
+        runner_for: Any = None,  # deprecated: a config -> (client, spec) -> runner; give runner_factory
         tracker_mode: Granularity | None = None,  # deprecated: the old name of granularity
     ) -> None:
         super().__init__(engine, config)
@@ -140,13 +178,14 @@ class ProxyEnvManager(EnvManager):
                                      ("granularity", granularity, Granularity)):
             if value not in get_args(choices):
                 raise ValueError(f"{name} must be {' or '.join(map(repr, get_args(choices)))}, got {value!r}")
-        if runner_factory is not None and runner_for is not None:
-            raise ValueError("give runner_factory or runner_for, not both")
-        if runner_factory is None and runner_for is None:
-            runner_for = gym_runner_factory
-        # runner_for re-binds the agent to another ManagerConfig in `derive` (validation temperature)
-        self._runner_for = runner_for
-        self.runner_factory = runner_factory or runner_for(self.config)  # type: ignore[misc]
+        if runner_for is not None:
+            if runner_factory is not None:
+                raise ValueError("give runner_factory or runner_for, not both")
+            warnings.warn("ProxyEnvManager(runner_for=...) is deprecated: give a runner_factory, which the manager "
+                          "calls with its config (arl.rollout.runners.make_runner_factory)", DeprecationWarning,
+                          stacklevel=2)
+            runner_factory = functools.partial(_from_binder, runner_for)
+        self.runner_factory: RunnerFactory = gym_runner if runner_factory is None else _with_config(runner_factory)
         self.transport = transport
         self.granularity = granularity
         self.keep_branches = keep_branches
@@ -201,16 +240,12 @@ class ProxyEnvManager(EnvManager):
 
     def derive(self, config: ManagerConfig | None = None, engine: Any = None) -> ProxyEnvManager:
         """The same agent, transport and tracker with another config (the validation manager's
-        temperature) or engine (the warm-start teacher). A `RunnerBinder` given as ``runner_for`` is
-        re-bound to the new config; a plain ``runner_factory`` is reused as it is."""
+        temperature) or engine (the warm-start teacher): its runner factory gets the new config."""
         config = config or self.config
-        kwargs: dict[str, Any] = (
-            {"runner_for": self._runner_for} if self._runner_for is not None else {"runner_factory": self.runner_factory}
-        )
         return ProxyEnvManager(
             self.engine if engine is None else engine, config, transport=self.transport,  # type: ignore[arg-type]
             granularity=self.granularity, keep_branches=self.keep_branches, model_name=self.model_name,  # type: ignore[arg-type]
-            chat_template_kwargs=self.chat_template_kwargs, **kwargs,
+            chat_template_kwargs=self.chat_template_kwargs, runner_factory=self.runner_factory,
         )
 
     async def aclose(self) -> None:
@@ -257,7 +292,7 @@ class ProxyEnvManager(EnvManager):
         try:
             client, token = await self._client_for(episode_key, handler)
             try:
-                runner = self.runner_factory(client, spec)  # agent code too: its failures are the agent's
+                runner = self.runner_factory(client, spec, self.config)  # agent code too: its failures are the agent's
                 state.result = await runner.run_job(spec.seed)
             except Exception as exc:  # noqa: BLE001 -- agent code failed: data, like any other end
                 traj.status, traj.exit_reason = "Failed", "agent_error"
@@ -334,14 +369,14 @@ class ProxyEnvManager(EnvManager):
             for t in tracker.step_samples():
                 turn = traj.turns[t.requests[0]]
                 samples.append(self._sample(
-                    spec, traj, t, score=turn.reward if aligned else traj.episode_score, step=t.requests[0],
-                    valid=turn.action_valid, state_hash=turn.state_hash, info=common,
+                    spec, traj, t, step_score=turn.reward if aligned else traj.episode_score, step=t.requests[0],
+                    valid=turn.action_valid, state_key=turn.state_key, info=common,
                 ))
             return samples
         return [
-            self._sample(spec, traj, t, score=traj.episode_score, step=0,
+            self._sample(spec, traj, t, step_score=traj.episode_score, step=0,
                          valid=all(traj.turns[r].action_valid for r in t.requests),
-                         state_hash=traj.turns[t.requests[-1]].state_hash, info=common)
+                         state_key=traj.turns[t.requests[-1]].state_key, info=common)
             for t in tracker.traj_samples(self.keep_branches)
         ]
 
@@ -351,40 +386,46 @@ class ProxyEnvManager(EnvManager):
         manager's, and ``info["state_key_source"]`` says where it came from: "game", the game's
         ``state_key()`` the runner reports for the step (`StepReport.state_key`, as arl's runners
         do: the same key the step manager takes); "observation", the raw observation text it
-        reports (`StepReport.state`: an env that is not an arl game, or a runner that reports no
+        reports (`StepReport.observation`: an env that is not an arl game, or a runner that reports no
         key); "message", for runners that report neither, the hash of the call's latest user/tool
         message (which may carry turn counters, splitting equal states apart)."""
         report = report or StepReport(reward=0.0)
         if report.state_key is not None:
             key, source = state_hash(report.state_key), "game"
-        elif report.state is not None:
-            key, source = state_hash(report.state), "observation"
+        elif report.observation is not None:
+            key, source = state_hash(report.observation), "observation"
         else:
-            key, source = r.prompt.state_hash, "message"
+            key, source = r.prompt.state_key, "message"
         return Turn(
-            observation=report.state if report.state is not None else (r.prompt.observation or ""),
+            observation=report.observation if report.observation is not None else (r.prompt.observation or ""),
             prompt_ids=r.prompt.prompt_ids,  # the tracker's, not copied
             response_ids=list(r.response_ids), response_logprobs=list(r.logprobs), reward=report.reward,
             action=report.action, action_valid=report.action_valid,
-            state_hash=key, finish_reason=r.finish_reason, policy_version=r.policy_version,
+            state_key=key, finish_reason=r.finish_reason, policy_version=r.policy_version,
             sampled_with=r.sampled_with,
             info={**report.info, "action": report.action, "action_valid": report.action_valid,
                   "branch": r.branch, "state_key_source": source, "step_report": alignment},
         )
 
-    def _sample(self, spec: EpisodeSpec, traj: Trajectory, t: TrackedSample, *, score: float, step: int,
-                valid: bool, state_hash: str | None, info: dict[str, Any]) -> Sample:
+    def _sample(self, spec: EpisodeSpec, traj: Trajectory, t: TrackedSample, *, step_score: float, step: int,
+                valid: bool, state_key: str | None, info: dict[str, Any]) -> Sample:
         return Sample.of(spec, traj, TokenRow.whole(t.input_ids, t.response_mask, t.logprobs, t.sampled_with),
-                         mode=self.mode, score=float(score), step=step, state_hash=state_hash, action_valid=valid,
+                         mode=self.mode, step_score=float(step_score), step=step, state_key=state_key,
+                         action_valid=valid,
                          policy_version=t.policy_version, info={**info, "branch": t.branch, "requests": list(t.requests)})
 
 
-__all__ = ["ProxyEnvManager", "RunnerFactory", "gym_runner_factory"]
+__all__ = ["ProxyEnvManager", "RunnerFactory"]
 
 
 def __getattr__(name: str) -> Any:
-    """``Keep``, this module's old name of `arl.config.KeepBranches`: still importable, deprecated."""
+    """``Keep``, this module's old name of `arl.config.KeepBranches`, and ``gym_runner_factory``,
+    the old way to bind `GymRunner` to a config: still importable, deprecated."""
     if name == "Keep":
         warnings.warn(f"{__name__}.Keep is deprecated: use arl.config.KeepBranches", DeprecationWarning, stacklevel=2)
         return KeepBranches
+    if name == "gym_runner_factory":
+        warnings.warn(f"{__name__}.gym_runner_factory is deprecated: use arl.rollout.runners.gym_runner (a runner "
+                      "factory), or make_runner_factory(gym_runner, runner_cls=...)", DeprecationWarning, stacklevel=2)
+        return _gym_runner_factory
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

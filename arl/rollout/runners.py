@@ -1,18 +1,24 @@
-"""Agent runners for proxy mode, by name or import path, bound to a manager's config.
+"""Runner factories: how proxy mode makes each episode's agent, from a name, an import path or code.
 
-A runner factory is ``factory(client, spec, config, **runner_kwargs) -> AgentRunner``: ``client``
-is the episode's OpenAI-compatible client, ``spec`` its `EpisodeSpec`, ``config`` the
-`ManagerConfig` whose sampling settings the runner should use. `bind_runner` turns one and its
-kwargs into a `RunnerBinder`, ``config -> RunnerFactory``: `ProxyEnvManager(runner_for=...)`
-binds it to its config, giving the ``(client, spec) -> AgentRunner`` callable (a `RunnerFactory`)
-it calls per episode. `runner_binder` is the `RunnerBinder` of the runner a `ProxyConfig` names.
+Three things, each with one name in arl:
 
-``rollout.proxy.runner: "package.module:name"`` may also name an agent function, ``async def
-agent(client, seed, **runner_kwargs) -> result`` (told apart from a factory by being async):
-`agent_function_runner` makes it a factory of `arl.agents.runner.FunctionRunner`, which reads
-its result with `arl.agents.runner.as_episode_result`. It gets ``env_id``, ``spec`` or
-``config`` too when it has a parameter of that name (`AGENT_CONTEXT`). Either kind's signature
-is checked when the binder is made (`runner_binder`: before anything is built), not per episode.
+- **agent code**, what plays an episode: an `AgentRunner` (a subclass such as `GymRunner`), or
+  an *agent function* ``async def agent(client, seed, **runner_kwargs) -> result``, which
+  `arl.agents.runner.FunctionRunner` runs as an `AgentRunner` (its result read by
+  `arl.agents.runner.as_episode_result`). It gets ``env_id``, ``spec`` or ``config`` too when it
+  has a parameter of that name (`AGENT_CONTEXT`).
+- a **runner factory** (`RunnerFactory`), ``factory(client, spec, config, **runner_kwargs) ->
+  AgentRunner``: ``client`` is the episode's OpenAI-compatible client, ``spec`` its
+  `EpisodeSpec`, ``config`` the `ManagerConfig` whose sampling settings the runner should use
+  (a parameter without a default). `ProxyEnvManager` calls its factory once per episode with
+  its own config (so a validation manager's runners sample at the evaluation temperature).
+  `gym_runner`, `tool_runner`, `push_runner` and `pull_runner` are the factories of the short
+  names (`RUNNER_FACTORIES`).
+- `make_runner_factory`, the one way to get a runner factory from what a run has: the run's
+  `ProxyConfig` (``rollout.proxy.runner`` and ``runner_kwargs``), a runner name, an agent
+  function, or a runner factory with keyword arguments to bind. `load_runner` resolves a name,
+  ``gym`` or ``"package.module:name"``, to the factory or agent function it names (told apart by
+  being async: `is_agent_function`). Signatures are checked there, not per episode.
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ from arl.agents.runner import AgentFunction, AgentRunner, FunctionRunner
 from arl.config import ManagerConfig, ProxyConfig
 from arl.rollout.base import EpisodeSpec
 
-RunnerFactory = Callable[[Any, EpisodeSpec], AgentRunner]  # (client, spec) -> the episode's runner
-RunnerBinder = Callable[[ManagerConfig], RunnerFactory]  # config -> the RunnerFactory bound to it
+# (client, spec, config, **runner_kwargs) -> the episode's runner (see the module doc)
+RunnerFactory = Callable[..., AgentRunner]
 
 
 def gym_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, runner_cls: Any = None,
@@ -132,19 +138,25 @@ def _agent_process(command: list[str], spec: EpisodeSpec, config: ManagerConfig,
     return command, env
 
 
-RUNNERS: dict[str, Callable[..., AgentRunner]] = {
+RUNNER_FACTORIES: dict[str, RunnerFactory] = {
     "gym": gym_runner, "tool": tool_runner, "push": push_runner, "pull": pull_runner,
 }
 
 
-def resolve_runner(name: str) -> Callable[..., Any]:
-    """A runner factory by short name (`RUNNERS`) or ``"package.module:attribute"``: the attribute
-    as it is, a factory or an agent function (`is_agent_function`; `runner_binder` wraps it)."""
-    if name in RUNNERS:
-        return RUNNERS[name]
+def load_runner(name: str) -> Callable[..., Any]:
+    """The runner a name names: a short name's runner factory (`RUNNER_FACTORIES`), or the attribute
+    ``"package.module:attribute"`` names as it is, a runner factory or an agent function
+    (`is_agent_function`; `make_runner_factory` wraps one). ValueError for a name that does not load.
+
+    >>> load_runner("gym") is gym_runner and load_runner("arl.rollout.runners:tool_runner") is tool_runner
+    True
+    """
+    if name in RUNNER_FACTORIES:
+        return RUNNER_FACTORIES[name]
     module_name, sep, attribute = name.partition(":")
     if not sep or not module_name or not attribute:
-        raise ValueError(f"rollout.proxy.runner={name!r}: use one of {', '.join(RUNNERS)} or 'package.module:factory'")
+        raise ValueError(f"rollout.proxy.runner={name!r}: use one of {', '.join(RUNNER_FACTORIES)} or "
+                         "'package.module:factory'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -174,19 +186,19 @@ def is_agent_function(target: Any) -> bool:
     return inspect.iscoroutinefunction(target) or (call is not None and inspect.iscoroutinefunction(call))
 
 
-def agent_function_runner(fn: AgentFunction) -> Callable[..., AgentRunner]:
-    """The runner factory of the agent function ``fn``: ``make(client, spec, config,
+def _function_runner_factory(fn: AgentFunction) -> RunnerFactory:
+    """The runner factory of the agent function ``fn``: ``factory(client, spec, config,
     **runner_kwargs)`` returns a `FunctionRunner` that awaits ``fn(client, seed, **runner_kwargs)``,
     with ``env_id=``, ``spec=``, ``config=`` added for the `AGENT_CONTEXT` names ``fn`` has as
     parameters (a ``**kwargs`` catch-all asks for none of them)."""
     wanted = _context_names(fn)
 
-    def make(client: Any, spec: EpisodeSpec, config: ManagerConfig, **runner_kwargs: Any) -> AgentRunner:
+    def factory(client: Any, spec: EpisodeSpec, config: ManagerConfig, **runner_kwargs: Any) -> AgentRunner:
         context = {"env_id": spec.env_id, "spec": spec, "config": config}
         return FunctionRunner(client, fn, {**{k: context[k] for k in wanted}, **runner_kwargs})
 
-    make.agent_function = fn  # type: ignore[attr-defined]  (what it wraps, for a reader)
-    return make
+    factory.agent_function = fn  # type: ignore[attr-defined]  (what it wraps, for a reader)
+    return factory
 
 
 def _context_names(fn: Any) -> list[str]:
@@ -198,10 +210,10 @@ def _context_names(fn: Any) -> list[str]:
     return [name for name in AGENT_CONTEXT if name in params and params[name].kind in kinds]
 
 
-def _check_call(name: str, target: Any, kwargs: dict[str, Any]) -> None:
+def _check_call(where: str, target: Any, kwargs: dict[str, Any]) -> None:
     """ValueError unless ``target`` can be called as arl will call it: an agent function as
     ``agent(client, seed, [env_id=, spec=, config=,] **runner_kwargs)``, a factory as
-    ``factory(client, spec, config, **runner_kwargs)``."""
+    ``factory(client, spec, config, **runner_kwargs)``. ``where`` names it in the error."""
     try:
         signature = inspect.signature(target)
     except (TypeError, ValueError):  # no signature to read (some builtins): its errors come per episode
@@ -216,52 +228,79 @@ def _check_call(name: str, target: Any, kwargs: dict[str, Any]) -> None:
         signature.bind(*args, **extra, **kwargs)
     except TypeError as exc:
         given = "".join(f", {k}=" for k in kwargs)
-        raise ValueError(f"rollout.proxy.runner={name!r} is called as {form}{given}) (runner_kwargs: "
+        raise ValueError(f"{where} is called as {form}{given}) (runner_kwargs: "
                          f"{sorted(kwargs) or 'none'}), which {getattr(target, '__name__', 'it')}{signature} "
                          f"does not take: {exc}") from None
 
 
-def bind_runner(make: Callable[..., AgentRunner], **kwargs: Any) -> RunnerBinder:
-    """``make(client, spec, config, **kwargs)`` as ``config -> (client, spec) -> runner``, what
-    `ProxyEnvManager(runner_for=...)` takes: the manager binds it to its own config, and re-binds it
-    to each config it is derived with (the validation manager's temperature).
+def make_runner_factory(runner: ProxyConfig | str | Callable[..., Any], **runner_kwargs: Any) -> RunnerFactory:
+    """The runner factory of ``runner`` with ``runner_kwargs`` bound, what `ProxyEnvManager` takes:
 
-        ProxyEnvManager(engine, config, runner_for=bind_runner(my_factory, window=4))
+    - a `ProxyConfig`: the runner its ``runner`` names, with its ``runner_kwargs`` (give none
+      here), checked against its ``transport`` (push needs ``http``, pull ``inprocess``);
+    - a name, as ``rollout.proxy.runner`` takes it (`load_runner`: ``gym``, ``"package.module:name"``);
+    - an agent function (`is_agent_function`), wrapped in a `FunctionRunner` per episode;
+    - a runner factory (its keyword arguments bound).
+
+    ValueError, before any episode, for a runner that does not load, whose signature does not
+    take the call arl makes (`_check_call`), or that lacks what it needs (push, pull: a command).
+
+        ProxyEnvManager(engine, config, make_runner_factory(gym_runner, runner_cls=ToolCallRunner))
     """
-
-    def bind(config: ManagerConfig) -> RunnerFactory:
-        return functools.partial(_call_runner, make, config, kwargs)
-
-    return bind
-
-
-def runner_binder(proxy: ProxyConfig) -> RunnerBinder:
-    """`bind_runner` of the runner a `ProxyConfig` names, with its ``runner_kwargs``: not a
-    runner factory, the `RunnerBinder` that makes one per `ManagerConfig`. An agent function is
-    wrapped (`agent_function_runner`). ValueError, before any episode, for a runner that does not
-    resolve, whose signature does not take the call arl makes (`_check_call`), or that lacks what
-    it needs (push: a command and ``transport: http``; pull: a command and ``transport: inprocess``)."""
-    make = resolve_runner(proxy.runner)
-    kwargs = dict(proxy.runner_kwargs)
-    if make in (push_runner, pull_runner) and not kwargs.get("command"):
-        raise ValueError(f"rollout.proxy.runner={proxy.runner} needs rollout.proxy.runner_kwargs.command "
-                         "(the agent program)")
-    if make is push_runner and proxy.transport != "http":
+    proxy = runner if isinstance(runner, ProxyConfig) else None
+    if proxy is not None:
+        if runner_kwargs:
+            raise TypeError("make_runner_factory(proxy_config): its runner_kwargs come from the ProxyConfig")
+        runner, runner_kwargs = proxy.runner, dict(proxy.runner_kwargs)
+    if isinstance(runner, str):
+        where, target = f"rollout.proxy.runner={runner!r}", load_runner(runner)
+    else:
+        where, target = f"runner {getattr(runner, '__qualname__', runner)!r}", runner
+    if target in (push_runner, pull_runner) and not runner_kwargs.get("command"):
+        raise ValueError(f"{where} needs rollout.proxy.runner_kwargs.command (the agent program)")
+    if proxy is not None and target is push_runner and proxy.transport != "http":
         raise ValueError("rollout.proxy.runner=push runs the agent in another process: set rollout.proxy.transport=http")
-    if make is pull_runner and proxy.transport != "inprocess":
+    if proxy is not None and target is pull_runner and proxy.transport != "inprocess":
         raise ValueError("rollout.proxy.runner=pull answers the agent's pipes through the episode's handler: "
                          "set rollout.proxy.transport=inprocess")
-    _check_call(proxy.runner, make, kwargs)
-    if is_agent_function(make):
-        make = agent_function_runner(make)
-    return bind_runner(make, **kwargs)
+    _check_call(where, target, runner_kwargs)
+    if is_agent_function(target):
+        target = _function_runner_factory(target)
+    return functools.partial(target, **runner_kwargs) if runner_kwargs else target
 
 
-def _call_runner(make: Callable[..., AgentRunner], config: ManagerConfig, kwargs: dict[str, Any],
-                 client: Any, spec: EpisodeSpec) -> AgentRunner:
-    return make(client, spec, config, **kwargs)
+__all__ = ["AGENT_CONTEXT", "RUNNER_FACTORIES", "RunnerFactory", "check_pull_env", "env_spec", "gym_runner",
+           "is_agent_function", "load_runner", "make_runner_factory", "pull_runner", "push_runner", "tool_runner"]
 
 
-__all__ = ["AGENT_CONTEXT", "RUNNERS", "RunnerBinder", "RunnerFactory", "agent_function_runner", "bind_runner",
-           "check_pull_env", "env_spec", "gym_runner", "is_agent_function", "pull_runner", "push_runner",
-           "resolve_runner", "runner_binder", "tool_runner"]
+def _binder(factory: RunnerFactory) -> Callable[[ManagerConfig], Callable[[Any, EpisodeSpec], AgentRunner]]:
+    """``factory`` as the old ``config -> (client, spec) -> runner`` (a RunnerBinder)."""
+    return lambda config: functools.partial(_call_with, factory, config)
+
+
+def _call_with(factory: RunnerFactory, config: ManagerConfig, client: Any, spec: EpisodeSpec) -> AgentRunner:
+    return factory(client, spec, config)
+
+
+# Old names, still importable with a DeprecationWarning: name -> (what to use, the object).
+_DEPRECATED: dict[str, tuple[str, Callable[[], Any]]] = {
+    "RUNNERS": ("RUNNER_FACTORIES", lambda: RUNNER_FACTORIES),
+    "resolve_runner": ("load_runner", lambda: load_runner),
+    "RunnerBinder": ("RunnerFactory, which ProxyEnvManager calls with its config",
+                     lambda: Callable[[ManagerConfig], Callable[[Any, EpisodeSpec], AgentRunner]]),
+    "agent_function_runner": ("make_runner_factory(fn)", lambda: _function_runner_factory),
+    "bind_runner": ("make_runner_factory(factory, **kwargs)",
+                    lambda: lambda make, **kwargs: _binder(functools.partial(make, **kwargs))),
+    "runner_binder": ("make_runner_factory(proxy_config)", lambda: lambda proxy: _binder(make_runner_factory(proxy))),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The old names of this module's things (`_DEPRECATED`): still importable, deprecated."""
+    if name in _DEPRECATED:
+        import warnings
+
+        new, get = _DEPRECATED[name]
+        warnings.warn(f"{__name__}.{name} is deprecated: use {new}", DeprecationWarning, stacklevel=2)
+        return get()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ Python passes the same gate). It checks the names a user's own code comes in by,
   (`arl.algo.estimators.resolve`: imported, its signature checked, registered under that name).
 - ``rollout.proxy.runner`` (``mode: proxy``): a short name or ``"package.module:name"``, a
   runner factory or an agent function, imported and its signature checked against the call arl
-  makes, with what it needs (push, pull: `arl.rollout.runners.runner_binder`).
+  makes, with what it needs (push, pull: `arl.rollout.runners.make_runner_factory`).
 - ``rollout.manager.fork.at`` (``fork.k > 0``): ``first``, ``every`` or ``"package.module:rule"``.
 
 Each problem is one line of the `ConfigError`, ``<what is wrong> @ <dotted.path>``, the form
@@ -34,7 +34,7 @@ from typing import Any
 from arl.algo import estimators
 from arl.config import ConfigError, TrainConfig
 from arl.rollout.fork import resolve_rule
-from arl.rollout.runners import check_pull_env, env_spec, runner_binder
+from arl.rollout.runners import check_pull_env, env_spec, make_runner_factory
 
 GAME_RUNNERS = ("gym", "tool")  # proxy runners that play rollout.env_id through arl's TextEnv / ToolEnv
 
@@ -92,7 +92,7 @@ def _check_env(env_id: str) -> None:
 
 def _check_runner(config: TrainConfig) -> None:
     p = config.rollout.proxy
-    runner_binder(p)  # resolves, checks the signature and what push / pull need
+    make_runner_factory(p)  # loads it, checks the signature and what push / pull need
     if p.runner == "pull":
         check_pull_env(config.rollout.env_id, config.rollout.manager.env_kwargs)
 

@@ -5,7 +5,7 @@
 
 The rollout is one injectable component: by default `arl.rollout.factory` builds the manager the
 config's ``rollout.mode`` names (traj, step, or proxy with an agent runner); any `EnvManager`
-can be passed instead (``Trainer(config, manager=ProxyEnvManager(engine, ..., my_agent))``) and
+can be passed instead (``Trainer(config, manager=ProxyEnvManager(engine, ..., my_runner_factory))``) and
 trains with the same evaluation, checkpoints and metrics.
 
 A run directory is never cleared implicitly: a fresh run into one that holds a run refuses

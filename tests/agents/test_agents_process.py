@@ -30,7 +30,7 @@ def engine(tiny_tokenizer):
 
 
 def push(command, **kwargs):
-    def factory(client, s):
+    def factory(client, s, config):
         return PushModeRunner(client, command, **kwargs)
 
     return factory
@@ -95,7 +95,7 @@ async def test_episode_timeout_cancels_and_kills(engine):
     config = ManagerConfig(max_tokens=24, episode_timeout_s=2.0)
     runners = []
 
-    def factory(client, s):
+    def factory(client, s, config):
         runners.append(PushModeRunner(client, [sys.executable, "-c", "import time; time.sleep(600)"], timeout_s=600))
         return runners[-1]
 

@@ -32,7 +32,7 @@ def spec(member: int = 0, seed: int = 4) -> EpisodeSpec:
 
 
 def push(command, **kwargs):
-    return lambda client, s: PushModeRunner(client, command, timeout_s=60, **kwargs)
+    return lambda client, s, config: PushModeRunner(client, command, timeout_s=60, **kwargs)
 
 
 # Leaves a file in DSPy's cache dir (as a cache would), notes whether a previous episode's file was
@@ -108,7 +108,7 @@ async def test_push_agent_without_a_model_call_is_explained_no_data(tiny_tokeniz
 async def test_pull_agent_without_a_model_call_is_explained_no_data(tiny_tokenizer):
     script = "from arl.agents.pipe_transport import end_session; end_session({'score': 1.0, 'success': True})"
 
-    def factory(client, s):
+    def factory(client, s, config):
         return PullModeRunner(responder(client), [sys.executable, "-c", script], timeout_s=60)
 
     episode = await ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, factory,

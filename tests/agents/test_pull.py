@@ -16,7 +16,7 @@ from arl.intercept import ChatHandler, InProcessClient, MessageTracker
 from arl.intercept.exchange import responder
 from arl.rollout import EpisodeSpec
 from arl.rollout.factory import close_manager, make_manager
-from arl.rollout.runners import runner_binder
+from arl.rollout.runners import make_runner_factory, pull_runner
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +65,7 @@ async def test_pull_and_push_agents_make_the_same_samples(tiny_tokenizer):
             assert x.input_ids == y.input_ids
             assert x.response_mask == y.response_mask
             assert x.old_logprobs == y.old_logprobs
-            assert (x.score, x.step_score, x.state_hash, x.step) == (y.score, y.step_score, y.state_hash, y.step)
+            assert (x.step_score, x.state_key, x.step) == (y.step_score, y.state_key, y.step)
     assert {e.trajectory.exit_reason for e in pull} == {"terminated", "truncated"}  # not one trivial case
     assert sum(len(e.samples) for e in pull) > len(seeds)  # multi-turn episodes
 
@@ -152,12 +152,12 @@ async def test_agent_output_reaches_the_error_tail(tiny_tokenizer):
 
 
 def test_config_wiring(tiny_tokenizer):
-    binder = runner_binder(ProxyConfig(runner="pull", runner_kwargs={"command": AGENT}))
-    assert callable(binder(ManagerConfig()))  # a RunnerFactory
+    factory = make_runner_factory(ProxyConfig(runner="pull", runner_kwargs={"command": AGENT}))
+    assert factory.func is pull_runner and factory.keywords == {"command": AGENT}  # a RunnerFactory
     with pytest.raises(ValueError, match="runner_kwargs.command"):
-        runner_binder(ProxyConfig(runner="pull"))
+        make_runner_factory(ProxyConfig(runner="pull"))
     with pytest.raises(ValueError, match="transport=inprocess"):
-        runner_binder(ProxyConfig(runner="pull", transport="http", runner_kwargs={"command": AGENT}))
+        make_runner_factory(ProxyConfig(runner="pull", transport="http", runner_kwargs={"command": AGENT}))
     with pytest.raises(ValueError, match="InProcessClient"):
         responder(object())
     with pytest.raises(ValueError, match="sandbox"):

@@ -58,7 +58,7 @@ def answering(tokenizer, tracker=None):
 async def run_episode(tokenizer, command, config=None, **kwargs):
     config, runners = config or ManagerConfig(max_tokens=8), []
 
-    def factory(client, s):
+    def factory(client, s, config):
         runners.append(PullModeRunner(responder(client), command, **{"timeout_s": 60, **kwargs}))
         return runners[-1]
 

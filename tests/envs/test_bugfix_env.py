@@ -22,7 +22,6 @@ from arl.envs.bugfix import BugFixEnv, assistant_message, generate_task, solutio
 from arl.envs.bugfix.env import ARL_PACKAGE, truncate
 from arl.rollout import EpisodeSpec
 from arl.rollout.proxy import ProxyEnvManager
-from arl.rollout.runners import bind_runner
 from arl.sandbox.sandbox import SandboxLimits, bwrap_problem
 
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unavailable: {bwrap_problem()}")
@@ -223,7 +222,7 @@ async def test_bugfix_runner_through_the_proxy(tiny_tokenizer, transport):
     config = ManagerConfig(max_tokens=256, env_kwargs={"isolation": "auto"})
     done: dict[int, float] = {}
     start = time.monotonic()
-    async with ProxyEnvManager(engine, config, transport=transport, runner_for=bind_runner(bugfix_runner),
+    async with ProxyEnvManager(engine, config, bugfix_runner, transport=transport,
                                granularity="traj") as manager:
         async def play(seed):
             episode = await manager.run_episode(EpisodeSpec("arl/BugFix-v0", seed, f"train_0_{seed}", 0))
@@ -238,7 +237,7 @@ async def test_bugfix_runner_through_the_proxy(tiny_tokenizer, transport):
         assert [t for t, m in zip(sample.input_ids, sample.response_mask, strict=True) if m] == [
             t for turn in traj.turns for t in turn.response_ids]
         assert sample.info["tracker"]["untracked_assistant"] == 0
-        assert len({t.state_hash for t in traj.turns}) == 2  # the repo state changes once: the fix
+        assert len({t.state_key for t in traj.turns}) == 2  # the repo state changes once: the fix
     if stall:  # the others played to the end during the stalled episode's `sleep` (steps are awaited)
         assert max(done[1], done[2]) - start < STALL_S < done[0] - start
 

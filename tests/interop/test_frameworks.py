@@ -183,12 +183,12 @@ async def test_framework_plays_an_episode(name, transport, tiny_tokenizer, wire,
     if transport == "http":
         python = request.getfixturevalue("interop_python")
 
-        def factory(client, s):
+        def factory(client, s, config):
             return PushModeRunner(client, [python, str(AGENTS / f"{case.module}.py"), entry], timeout_s=240)
     else:
         require_module(case.package)
 
-        def factory(client, s):
+        def factory(client, s, config):
             return InProcessAgent(client, case, entry)
 
     script = script_of(name)

@@ -49,7 +49,7 @@ async def test_in_process_runner_with_non_finite_score_is_an_agent_error(fake_en
     good = EpisodeResult(score=1.0, step_scores=[1.0])
     samples, trajs = [], []
     for i, result in enumerate((bad, good, EpisodeResult(score=0.0, step_scores=[0.0]))):
-        manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec, r=result: Reporting(client, r),
+        manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec, config, r=result: Reporting(client, r),
                                   granularity=granularity)
         episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 0, "g", i))
         samples += episode.samples
@@ -58,14 +58,14 @@ async def test_in_process_runner_with_non_finite_score_is_an_agent_error(fake_en
     assert "invalid result" in trajs[0].error and ("finite" in trajs[0].error or "beyond" in trajs[0].error)
     assert trajs[0].episode_score == 0.0
     assert [t.status for t in trajs[1:]] == ["Finished", "Finished"]
-    scores = [s.score for s in samples]
+    scores = [s.step_score for s in samples]
     assert all(math.isfinite(x) for x in scores) and len(samples) == 3
     adv = grpo(scores, [s.group_id for s in samples])  # what raised in the training step before
     assert np.all(np.isfinite(adv))
 
 
 async def test_runner_returning_no_episode_result_is_an_agent_error(fake_engine):
-    manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec: Reporting(client, {"score": 1.0}),
+    manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec, config: Reporting(client, {"score": 1.0}),
                               granularity="traj")
     episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
     assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("Failed", "agent_error")

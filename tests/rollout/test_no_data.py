@@ -48,12 +48,12 @@ def group(n: int, seed: int = 3) -> list[EpisodeSpec]:
 @pytest.mark.parametrize("transport", ["inprocess", "http"])
 async def test_client_side_cache_hits_end_no_data_with_the_reason(tiny_tokenizer, transport):
     cache: dict[str, str] = {}
-    async with ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, lambda c, s: CachingRunner(c, cache),
+    async with ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, lambda c, s, config: CachingRunner(c, cache),
                                transport=transport, granularity="traj") as manager:
         episodes = [await manager.run_episode(spec) for spec in group(3)]
     first, *cached = episodes
     assert first.trajectory.status == "Finished", first.trajectory.error
-    assert len(first.samples) == 1 and first.samples[0].score == 1.0
+    assert len(first.samples) == 1 and first.samples[0].step_score == 1.0
     for episode in cached:
         traj = episode.trajectory
         assert (traj.status, traj.exit_reason) == ("NoData", "no_data")
@@ -83,7 +83,7 @@ async def test_runner_reported_no_data_gets_the_reason_and_keeps_its_own(tiny_to
             return EpisodeResult(status="NoData", exit_reason="no_data", score=5.0, success=True, error=self.error)
 
     for own in (None, "my retriever came back empty"):
-        manager = ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, lambda c, s, e=own: SaysNoData(c, e),
+        manager = ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, lambda c, s, config, e=own: SaysNoData(c, e),
                                   granularity="traj")
         traj = (await manager.run_episode(group(1)[0])).trajectory
         assert (traj.status, traj.exit_reason) == ("NoData", "no_data")
@@ -98,7 +98,7 @@ async def test_failed_agent_without_calls_keeps_its_error(tiny_tokenizer):
         async def run_job(self, seed):
             return EpisodeResult(status="Failed", exit_reason="agent_error", error="no such tool")
 
-    traj = (await ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, lambda c, s: Broken(c),
+    traj = (await ProxyEnvManager(ScriptedEngine(tiny_tokenizer), CONFIG, lambda c, s, config: Broken(c),
                                   granularity="traj")
             .run_episode(group(1)[0])).trajectory
     assert (traj.status, traj.exit_reason, traj.error) == ("Failed", "agent_error", "no such tool")

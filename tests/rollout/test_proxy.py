@@ -16,7 +16,8 @@ from arl.envs.text import TextEnv
 from arl.intercept import ProxyServer
 from arl.rollout import EpisodeSpec, GroupScheduler, TrajEnvManager, chat_ids, collate, rollout_metrics
 from arl.rollout.base import end_of_turn_ids
-from arl.rollout.proxy import ProxyEnvManager, gym_runner_factory
+from arl.rollout.proxy import ProxyEnvManager
+from arl.rollout.runners import gym_runner, make_runner_factory
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +29,7 @@ def spec(env_id="arl/FrozenLake-v0", seed=3, member=0) -> EpisodeSpec:
 
 
 def fields(sample):
-    return sample.input_ids, sample.response_mask, sample.old_logprobs, sample.score, sample.exit_reason
+    return sample.input_ids, sample.response_mask, sample.old_logprobs, sample.step_score, sample.exit_reason
 
 
 @pytest.fixture
@@ -113,19 +114,19 @@ async def test_token_exact(tiny_tokenizer, model):
         assert sample.info["tracker"]["untracked_assistant"] == 0
 
 
-async def test_step_mode_scores_and_state_hashes(scripted):
+async def test_step_mode_scores_and_state_keys(scripted):
     manager = ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), granularity="step")
     members = [await manager.run_episode(spec("arl/FrozenLake-v0", 6, m)) for m in range(3)]
     for episode in members:
         traj = episode.trajectory
         assert len(episode.samples) == len(traj.turns) > 0
         for k, (sample, turn) in enumerate(zip(episode.samples, traj.turns, strict=True)):
-            assert sample.step == k and sample.score == sample.step_score == pytest.approx(turn.reward)
+            assert sample.step == k and sample.step_score == pytest.approx(turn.reward)
             assert sample.episode_score == pytest.approx(traj.episode_score)
             assert sample.input_ids == turn.prompt_ids + turn.response_ids
-            assert sample.state_hash == turn.state_hash
+            assert sample.state_key == turn.state_key
     # Members of a group see the same first observation: the same anchor state.
-    assert len({e.samples[0].state_hash for e in members}) == 1
+    assert len({e.samples[0].state_key for e in members}) == 1
 
 
 async def test_tool_call_runner_round_trip(tiny_tokenizer):
@@ -141,7 +142,7 @@ async def test_tool_call_runner_round_trip(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, responses=respond)
     config = ManagerConfig(max_tokens=48)
     for transport in TRANSPORTS:
-        async with ProxyEnvManager(engine, config, gym_runner_factory(config, ToolCallRunner),
+        async with ProxyEnvManager(engine, config, make_runner_factory(gym_runner, runner_cls=ToolCallRunner),
                                    transport=transport, granularity="traj") as manager:
             episode = await manager.run_episode(spec("arl/Sokoban-v0", 3))
         traj, (sample,) = episode.trajectory, episode.samples
@@ -193,7 +194,7 @@ async def test_vllm_batch(vllm_engine, transport):
         assert sample.info["tracker"]["untracked_assistant"] == 0 and sample.info["num_branches"] == 1
     for members in batch.groups.values():
         assert len({e.trajectory.turns[0].observation for e in members}) == 1
-        assert len({e.trajectory.turns[0].state_hash for e in members}) == 1
+        assert len({e.trajectory.turns[0].state_key for e in members}) == 1
         assert len({tuple(e.trajectory.turns[0].response_ids) for e in members}) > 1
     assert collate(batch.samples)["input_ids"].shape[0] == 8
 
@@ -203,9 +204,9 @@ async def test_request_after_episode_end_gets_410(scripted):
 
     clients = []
 
-    def factory(client, s):
+    def factory(client, s, config):
         clients.append(client)
-        return gym_runner_factory(ManagerConfig(max_tokens=24, max_turns=1))(client, s)
+        return gym_runner(client, s, ManagerConfig(max_tokens=24, max_turns=1))
 
     for transport in TRANSPORTS:
         async with ProxyEnvManager(scripted, ManagerConfig(max_tokens=24), factory, transport=transport,
@@ -236,9 +237,9 @@ async def test_guessed_sibling_tokens_are_refused(scripted):
     attempts: dict[str, list[int]] = {}
 
     class Snooper:
-        def __init__(self, client, s):
+        def __init__(self, client, s, config):
             self.client, self.spec = client, s
-            self.inner = gym_runner_factory(ManagerConfig(max_tokens=24, max_turns=2))(client, s)
+            self.inner = gym_runner(client, s, ManagerConfig(max_tokens=24, max_turns=2))
 
         async def run_job(self, seed):
             seen[self.spec.traj_id] = (self.client.api_key, str(self.client.base_url))
@@ -284,17 +285,17 @@ async def test_equal_grids_at_different_turns_share_one_anchor_key(tiny_tokenize
                if turns[i].observation == turns[j].observation]
     assert repeats, "walking into the top wall must repeat a grid"
     for i, j in repeats:
-        assert turns[i].state_hash == turns[j].state_hash
+        assert turns[i].state_key == turns[j].state_key
         # ... though the messages the agent sent at those turns differ
         assert turns[i].prompt_ids != turns[j].prompt_ids
-    by_step = {s.step: s.state_hash for s in episode.samples}
+    by_step = {s.step: s.state_key for s in episode.samples}
     assert all(by_step[i] == by_step[j] for i, j in repeats)
 
 
 async def test_runner_without_states_falls_back_to_the_message_hash(scripted):
     class Silent:
-        def __init__(self, client, s):
-            self.inner = gym_runner_factory(ManagerConfig(max_tokens=24, max_turns=3))(client, s)
+        def __init__(self, client, s, config):
+            self.inner = gym_runner(client, s, ManagerConfig(max_tokens=24, max_turns=3))
 
         async def run_job(self, seed):
             result = await self.inner.run_job(seed)
@@ -311,8 +312,8 @@ async def test_step_reports_that_do_not_line_up_are_said_loudly_and_counted(scri
     gets reward 0 and a message-hash key, with a warning naming the counts and a per-turn flag."""
 
     class Overcounting:
-        def __init__(self, client, s):
-            self.inner = gym_runner_factory(ManagerConfig(max_tokens=24, max_turns=2))(client, s)
+        def __init__(self, client, s, config):
+            self.inner = gym_runner(client, s, ManagerConfig(max_tokens=24, max_turns=2))
 
         async def run_job(self, seed):
             result = await self.inner.run_job(seed)
@@ -342,8 +343,8 @@ def test_step_reports_round_trip_through_the_wire_format():
 
     assert doctest.testmod(runner_mod).failed == 0
 
-    steps = [StepReport(reward=0.0, state="P_\n_G", action="Right", info={"success": False}),
-             StepReport(reward=1.0, state="_P\n_G", action="Down", info={"success": True})]
+    steps = [StepReport(reward=0.0, observation="P_\n_G", action="Right", info={"success": False}),
+             StepReport(reward=1.0, observation="_P\n_G", action="Down", info={"success": True})]
     result = EpisodeResult.from_json(EpisodeResult.from_steps(steps, success=True).to_json())
     assert result.score == 1.0 and result.steps(2) == (steps, "exact")
     assert result.steps(3) == ([*steps, None], "last_missing") and result.steps(1)[1] == "mismatch"
@@ -365,6 +366,6 @@ async def test_proxy_step_equals_the_step_manager(scripted):
             want = await StepEnvManager(scripted, config).run_episode(spec(seed=seed, member=member))
             got = await proxy.run_episode(spec(seed=seed, member=member))
             assert [fields(x) for x in got.samples] == [fields(x) for x in want.samples]
-            assert [x.state_hash for x in got.samples] == [x.state_hash for x in want.samples]
+            assert [x.state_key for x in got.samples] == [x.state_key for x in want.samples]
             assert [x.step_score for x in got.samples] == [x.step_score for x in want.samples]
             assert [x.action_valid for x in got.samples] == [x.action_valid for x in want.samples]

@@ -67,7 +67,7 @@ class LongPromptRunner(AgentRunner):
 
 
 def make_factory(kinds: dict[int, str]):
-    def factory(client, spec: EpisodeSpec) -> AgentRunner:
+    def factory(client, spec: EpisodeSpec, config: ManagerConfig) -> AgentRunner:
         kind = kinds.get(spec.episode_id, "ok")
         if kind == "raise":
             return RaisingRunner(client)
@@ -178,7 +178,7 @@ async def test_runner_status_mapping(fake_engine):
         (EpisodeResult(status="Finished", exit_reason="my_reason", score=2.0), ("Finished", "terminated")),
     ]
     for result, expected in cases:
-        manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec, r=result: Reporting(client, r),
+        manager = ProxyEnvManager(fake_engine, CONFIG, lambda client, spec, config, r=result: Reporting(client, r),
                                   granularity="traj")
         episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
         assert (episode.trajectory.status, episode.trajectory.exit_reason) == expected
@@ -190,7 +190,7 @@ async def test_no_model_call_is_no_data(fake_engine):
         async def run_job(self, seed):
             return EpisodeResult()
 
-    episode = await ProxyEnvManager(fake_engine, CONFIG, lambda c, s: Idle(c),
+    episode = await ProxyEnvManager(fake_engine, CONFIG, lambda c, s, config: Idle(c),
                                     granularity="traj").run_episode(
         EpisodeSpec("arl/FrozenLake-v0", 0, "g", 0))
     assert (episode.trajectory.status, episode.trajectory.exit_reason) == ("NoData", "no_data")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from arl.agents import GAME_STATE_KEY, EpisodeResult, GymRunner, ToolCallRunner
+from arl.agents import STATE_KEY_INFO_KEY, EpisodeResult, GymRunner, ToolCallRunner
 from arl.config import ForkConfig, ManagerConfig
 from arl.engine.scripted import ScriptedEngine
 from arl.envs import Game, TextEnv, register_game
@@ -106,8 +106,8 @@ async def test_step_manager_keys_on_the_games_state_key(wait_press):
     assert len({t.observation for t in turns}) == 1  # the text never changes
     counts = hidden_counts(t.action for t in turns)
     assert counts == [0, 0, 1, 1, 2, 2]
-    assert_keys_follow_the_hidden_state([s.state_hash for s in samples], counts)
-    assert [s.state_hash for s in samples] == [t.state_hash for t in turns] == [the_game_key(c) for c in counts]
+    assert_keys_follow_the_hidden_state([s.state_key for s in samples], counts)
+    assert [s.state_key for s in samples] == [t.state_key for t in turns] == [the_game_key(c) for c in counts]
     assert all(t.info["state_key_source"] == "game" for t in turns)
     assert rollout_metrics([episode])["rollout/state_key_fallback_rate"] == 0.0
 
@@ -117,8 +117,8 @@ async def test_traj_manager_turns_carry_the_games_key(wait_press):
     episode = await TrajEnvManager(wait_press, ManagerConfig(max_tokens=16)).run_episode(spec())
     turns = episode.trajectory.turns
     counts = hidden_counts(t.action for t in turns)
-    assert [t.state_hash for t in turns] == [the_game_key(c) for c in counts]
-    assert_keys_follow_the_hidden_state([t.state_hash for t in turns], counts)
+    assert [t.state_key for t in turns] == [the_game_key(c) for c in counts]
+    assert_keys_follow_the_hidden_state([t.state_key for t in turns], counts)
     assert all(t.info["state_key_source"] == "game" for t in turns)
 
 
@@ -129,9 +129,9 @@ async def test_fork_manager_keys_trunk_and_branches_on_the_games_state_key(tiny_
     traj = episode.trajectory
     assert traj.ok and traj.branches, traj.error
     trunk = hidden_counts(t.action for t in traj.turns)
-    keys, counts = [t.state_hash for t in traj.turns], list(trunk)
+    keys, counts = [t.state_key for t in traj.turns], list(trunk)
     for branch in traj.branches:  # a branch starts in the trunk's state at its fork
-        keys += [t.state_hash for t in branch.turns]
+        keys += [t.state_key for t in branch.turns]
         counts += hidden_counts((t.action for t in branch.turns), start=trunk[branch.step])
         assert all(t.info["state_key_source"] == "game" for t in branch.turns)
     assert_keys_follow_the_hidden_state(keys, counts)
@@ -139,7 +139,7 @@ async def test_fork_manager_keys_trunk_and_branches_on_the_games_state_key(tiny_
     forked = defaultdict(set)
     for s in episode.samples:
         if s.fork_id is not None:
-            forked[s.fork_id].add(s.state_hash)
+            forked[s.fork_id].add(s.state_key)
     assert forked and all(len(k) == 1 for k in forked.values())  # a fork's K rows: one state, one key
 
 
@@ -152,14 +152,14 @@ async def test_proxy_keys_come_from_the_runners_game_state_key(wait_press, granu
     assert episode.trajectory.ok, episode.trajectory.error
     counts = hidden_counts(t.action for t in turns)
     assert counts == [0, 0, 1, 1, 2, 2]
-    assert [t.state_hash for t in turns] == [the_game_key(c) for c in counts]
-    assert_keys_follow_the_hidden_state([t.state_hash for t in turns], counts)
+    assert [t.state_key for t in turns] == [the_game_key(c) for c in counts]
+    assert_keys_follow_the_hidden_state([t.state_key for t in turns], counts)
     assert all(t.info["state_key_source"] == "game" for t in turns)
     assert episode.samples[0].info["state_keys_from_runner"] == len(turns)
     metrics = rollout_metrics([episode])
     assert (metrics["rollout/state_key_from_runner_rate"], metrics["rollout/state_key_fallback_rate"]) == (1.0, 0.0)
     if granularity == "step":
-        assert [s.state_hash for s in episode.samples] == [t.state_hash for t in turns]
+        assert [s.state_key for s in episode.samples] == [t.state_key for t in turns]
 
 
 async def test_step_and_proxy_modes_agree_on_every_key(tiny_tokenizer):
@@ -168,7 +168,7 @@ async def test_step_and_proxy_modes_agree_on_every_key(tiny_tokenizer):
                                 ManagerConfig(max_tokens=16)).run_episode(spec())
     proxy = await ProxyEnvManager(ScriptedEngine(tiny_tokenizer, responses=WAIT_PRESS), ManagerConfig(max_tokens=16),
                                   granularity="step").run_episode(spec())
-    assert [t.state_hash for t in step.trajectory.turns] == [t.state_hash for t in proxy.trajectory.turns]
+    assert [t.state_key for t in step.trajectory.turns] == [t.state_key for t in proxy.trajectory.turns]
 
 
 # -- the runners' step reports (what proxy mode keys on) ------------------------------------------------
@@ -203,11 +203,11 @@ async def test_runners_report_the_games_state_key_of_each_step(runner_cls, repli
     assert alignment == "exact"
     counts = hidden_counts(r.action for r in reports)
     assert [r.state_key for r in reports] == [f"#o#|presses={c}" for c in counts]
-    assert {r.state for r in reports} == {"#o#"}  # the observation text: one for every state
+    assert {r.observation for r in reports} == {"#o#"}  # the observation text: one for every state
     # on the wire (push / pull mode send the JSON) the key survives next to the state
     again = EpisodeResult.from_json(json.loads(json.dumps(result.to_json())))
     assert again.steps(len(reports)) == (reports, "exact")
-    assert all(info[GAME_STATE_KEY] == r.state_key for info, r in zip(result.step_infos, reports, strict=True))
+    assert all(info[STATE_KEY_INFO_KEY] == r.state_key for info, r in zip(result.step_infos, reports, strict=True))
 
 
 async def test_a_runner_on_an_env_that_is_no_game_reports_no_key_and_the_proxy_says_so(wait_press):
@@ -215,16 +215,16 @@ async def test_a_runner_on_an_env_that_is_no_game_reports_no_key_and_the_proxy_s
         def make_env(self):
             return Opaque(self.env_id)
 
-    def factory(client, spec):
+    def factory(client, spec, config):
         return OpaqueRunner(client, spec.env_id, max_tokens=16)
 
     result = await OpaqueRunner(Replies([(r, None) for r in WAIT_PRESS]), HIDDEN_ID).run_job(0)
-    assert result.step_infos and all(GAME_STATE_KEY not in info for info in result.step_infos)
+    assert result.step_infos and all(STATE_KEY_INFO_KEY not in info for info in result.step_infos)
     episode = await ProxyEnvManager(wait_press, ManagerConfig(max_tokens=16), factory,
                                     granularity="step").run_episode(spec())
     turns = episode.trajectory.turns
     assert turns and all(t.info["state_key_source"] == "observation" for t in turns)
-    assert {t.state_hash for t in turns} == {state_hash("#o#")}
+    assert {t.state_key for t in turns} == {state_hash("#o#")}
     metrics = rollout_metrics([episode])
     assert (metrics["rollout/state_key_from_runner_rate"], metrics["rollout/state_key_fallback_rate"]) == (1.0, 1.0)
 
@@ -255,8 +255,8 @@ async def test_an_env_that_is_no_game_is_keyed_by_its_observation_and_says_so(wa
     episode = await OpaqueStepManager(wait_press, ManagerConfig(max_tokens=16)).run_episode(spec())
     turns = episode.trajectory.turns
     assert turns and all(t.info["state_key_source"] == "observation" for t in turns)
-    assert [s.state_hash for s in episode.samples] == [state_hash(t.observation) for t in turns]
-    assert len({s.state_hash for s in episode.samples}) == 1  # what the text shows is all it can key on
+    assert [s.state_key for s in episode.samples] == [state_hash(t.observation) for t in turns]
+    assert len({s.state_key for s in episode.samples}) == 1  # what the text shows is all it can key on
     assert rollout_metrics([episode])["rollout/state_key_fallback_rate"] == 1.0
 
 
@@ -278,9 +278,9 @@ async def test_shipped_games_group_as_their_observation_text_did(scripted_engine
     by_key, by_text = defaultdict(set), defaultdict(set)
     for e in episodes:
         for t in e.trajectory.turns:
-            by_key[(e.trajectory.group_id, t.state_hash)].add(t.observation)
-            by_text[(e.trajectory.group_id, t.observation)].add(t.state_hash)
+            by_key[(e.trajectory.group_id, t.state_key)].add(t.observation)
+            by_text[(e.trajectory.group_id, t.observation)].add(t.state_key)
             if not env_kwargs:
-                assert t.state_hash == state_hash(t.observation)
+                assert t.state_key == state_hash(t.observation)
     assert all(len(v) == 1 for v in by_key.values()) and all(len(v) == 1 for v in by_text.values())
     assert len(by_key) == len(by_text) > 2

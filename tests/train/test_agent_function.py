@@ -10,7 +10,7 @@ from trainer_support import params_of, scripted, small_config
 from arl.agents.runner import EpisodeResult, FunctionRunner, as_episode_result
 from arl.config import ConfigError, ManagerConfig, ProxyConfig
 from arl.rollout import EpisodeSpec, ProxyEnvManager
-from arl.rollout.runners import is_agent_function, runner_binder
+from arl.rollout.runners import is_agent_function, make_runner_factory
 from arl.train import Trainer
 
 pytestmark = pytest.mark.anyio
@@ -42,7 +42,7 @@ async def no_seed(client):
 
 
 def factory(client, spec, config):
-    raise AssertionError("a factory is not called when the binder is made")
+    raise AssertionError("a factory is not called when the runner factory is made")
 '''
 
 
@@ -68,7 +68,7 @@ async def test_a_plain_async_function_trains_one_step_through_the_trainer(tmp_pa
         [(t.exit_reason, t.error) for t in trajs]
     assert {t.episode_score for t in trajs} <= {0.0, 1.0} and all(t.success == (t.episode_score == 1.0) for t in trajs)
     # the function reports no steps: its one call's sample carries the episode's score, and no warning is due
-    assert all(s.score == s.episode_score for e in batch.episodes for s in e.samples)
+    assert all(s.step_score == s.episode_score for e in batch.episodes for s in e.samples)
     assert all(t.turns[0].info["step_report"] == "unreported" for t in trajs)
     (row,) = [r for r in history if "rollout/num_episodes" in r]
     assert row["rollout/num_episodes"] == 8 and row["rollout/exit/agent_error"] == 0
@@ -81,12 +81,12 @@ async def test_an_agent_function_gets_env_id_config_and_runner_kwargs_by_name(tm
 
     mod = user_agents(tmp_path, monkeypatch)
     engine = make_engine(backend="scripted", model="tiny", max_model_len=1024)
-    bind = runner_binder(ProxyConfig(runner=f"{mod}:with_context", runner_kwargs={"bonus": 0.5}))
-    episode = await ProxyEnvManager(engine, ManagerConfig(max_tokens=4), runner_for=bind,
+    factory = make_runner_factory(ProxyConfig(runner=f"{mod}:with_context", runner_kwargs={"bonus": 0.5}))
+    episode = await ProxyEnvManager(engine, ManagerConfig(max_tokens=4), factory,
                                     granularity="step").run_episode(spec())
     traj = episode.trajectory
     assert traj.exit_reason == "terminated" and traj.episode_score == 0.75 and len(traj.turns) == 2
-    assert [s.score for s in episode.samples] == [0.75, 0.75]
+    assert [s.step_score for s in episode.samples] == [0.75, 0.75]
     assert all(len(t.response_ids) <= 4 for t in traj.turns)  # config.max_tokens reached the agent by name
     assert "arl/FrozenLake-v0" in engine.tokenizer.decode(episode.samples[0].input_ids)  # so did env_id
 
@@ -96,19 +96,19 @@ async def test_what_an_agent_function_returns_that_is_no_result_ends_its_episode
 
     mod = user_agents(tmp_path, monkeypatch)
     engine = make_engine(backend="scripted", model="tiny", max_model_len=1024)
-    bind = runner_binder(ProxyConfig(runner=f"{mod}:says_done"))
-    traj = (await ProxyEnvManager(engine, ManagerConfig(max_tokens=4), runner_for=bind).run_episode(spec())).trajectory
+    factory = make_runner_factory(ProxyConfig(runner=f"{mod}:says_done"))
+    traj = (await ProxyEnvManager(engine, ManagerConfig(max_tokens=4), factory).run_episode(spec())).trajectory
     assert traj.exit_reason == "agent_error" and "returns a score, a bool, a dict" in traj.error and "str" in traj.error
 
 
 def test_a_function_that_cannot_take_the_call_is_refused_before_anything_is_built(tmp_path, monkeypatch):
     mod = user_agents(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=r"is called as agent\(client, seed\)"):
-        runner_binder(ProxyConfig(runner=f"{mod}:no_seed"))
+        make_runner_factory(ProxyConfig(runner=f"{mod}:no_seed"))
     with pytest.raises(ValueError, match=r"is called as agent\(client, seed, env_id=, config=, colour=\)"):
-        runner_binder(ProxyConfig(runner=f"{mod}:with_context", runner_kwargs={"colour": "red"}))
+        make_runner_factory(ProxyConfig(runner=f"{mod}:with_context", runner_kwargs={"colour": "red"}))
     with pytest.raises(ValueError, match=r"is called as factory\(client, spec, config, window=\)"):
-        runner_binder(ProxyConfig(runner=f"{mod}:factory", runner_kwargs={"window": 4}))
+        make_runner_factory(ProxyConfig(runner=f"{mod}:factory", runner_kwargs={"window": 4}))
     config = small_config(tmp_path, "rollout.mode=proxy", f"rollout.proxy.runner={mod}:no_seed")
     with pytest.raises(ConfigError, match=r"@ rollout\.proxy\.runner"):
         Trainer(config)

@@ -14,7 +14,7 @@ from trainer_support import params_of, scripted, small_config
 from arl.config import EngineConfig, ManagerConfig, RunExistsError, TrainConfig
 from arl.engine import make_engine
 from arl.rollout import ProxyEnvManager
-from arl.rollout.proxy import gym_runner_factory
+from arl.rollout.runners import gym_runner, make_runner_factory
 from arl.train import Trainer
 
 pytestmark = pytest.mark.anyio
@@ -114,7 +114,7 @@ async def test_an_injected_proxy_manager_trains_with_evaluation_and_checkpoints(
                           "algo.estimator=gigpo")
     engine = scripted(config)
     manager = ProxyEnvManager(engine, ManagerConfig(max_tokens=8, history_len=0),
-                              gym_runner_factory(ManagerConfig(max_tokens=8), conversation="step"),
+                              make_runner_factory(gym_runner, conversation="step"),
                               granularity="step")
     async with Trainer(config, manager=manager) as trainer:
         await trainer.setup()

@@ -24,7 +24,7 @@ from arl.intercept.handler import ChatHandler, SamplingDefaults
 from arl.intercept.tracker import MessageTracker
 from arl.rollout import ProxyEnvManager, Sample, collate
 from arl.rollout.records import sampling_counts
-from arl.rollout.runners import bind_runner, gym_runner
+from arl.rollout.runners import gym_runner, make_runner_factory
 from arl.rollout.scheduler import GroupScheduler
 from arl.train import Trainer
 from tests.train.trainer_support import small_config
@@ -55,7 +55,7 @@ async def test_honoured_fields_are_recorded_per_reply_in_trajectory_and_step_sam
     assert traj.sampled_with == (hot, plain)  # one record per reply, in order
     assert [s.sampled_with for s in tracker.step_samples()] == [(hot,), (plain,)]
     assert handler.stats["sampling_overrides"] == 0
-    sample = Sample(traj.input_ids, traj.response_mask, traj.logprobs, 0.0, 0.0, 0.0, "g", "g/0",
+    sample = Sample(traj.input_ids, traj.response_mask, traj.logprobs, 0.0, 0.0, "g", "g/0",
                     sampled_with=traj.sampled_with)
     temps = collate([sample])["temperatures"][0]
     mask = torch.tensor(traj.response_mask).bool()
@@ -86,7 +86,7 @@ async def test_stop_strings_and_constraints_are_recorded(tiny_tokenizer):
 
 
 def test_greedy_replies_are_scored_at_temperature_one_and_counted():
-    sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -0.1, -0.2], 0.0, 0.0, 0.0, "g", "g/0",
+    sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -0.1, -0.2], 0.0, 0.0, "g", "g/0",
                     sampled_with=[SampledWith(temperature=0.0)])
     assert collate([sample])["temperatures"][0].tolist() == [1.0, 1.0, 1.0]
     assert sampling_counts([sample])["sampling_greedy_tokens"] == 2.0
@@ -94,7 +94,7 @@ def test_greedy_replies_are_scored_at_temperature_one_and_counted():
 
 def test_a_sample_whose_records_do_not_match_its_replies_is_refused():
     with pytest.raises(ValueError, match="2 sampled_with records for 1 replies"):
-        Sample([1, 2, 3], [0, 1, 1], [0.0] * 3, 0.0, 0.0, 0.0, "g", "g/0",
+        Sample([1, 2, 3], [0, 1, 1], [0.0] * 3, 0.0, 0.0, "g", "g/0",
                sampled_with=[SampledWith(), SampledWith()])
 
 
@@ -119,7 +119,7 @@ async def _one_step(tmp_path, runner_cls, *overrides) -> dict[str, float]:
                           "rollout.manager.max_turns=2", "optim.lr=1e-6", *overrides)
     engine = make_engine(backend="hf", model=config.model, max_model_len=1024, seed=0)
     manager = ProxyEnvManager(engine, config.rollout.manager, granularity="step",
-                              runner_for=bind_runner(gym_runner, runner_cls=runner_cls))
+                              runner_factory=make_runner_factory(gym_runner, runner_cls=runner_cls))
     async with Trainer(config, engine=engine, manager=manager) as trainer:
         await trainer.setup()
         return await trainer.step()
@@ -154,7 +154,7 @@ def test_the_default_policy_is_override():
 async def test_validation_derives_keep_the_policy(tiny_tokenizer):
     config = ManagerConfig(agent_sampling="honour", max_turns=1)
     manager = ProxyEnvManager(ScriptedEngine(tiny_tokenizer), config, granularity="step",
-                              runner_for=bind_runner(gym_runner, runner_cls=_AsksItsOwn))
+                              runner_factory=make_runner_factory(gym_runner, runner_cls=_AsksItsOwn))
     val = manager.derive(attrs.evolve(config, temperature=0.5))
     async with val:
         scheduler = GroupScheduler("arl/FrozenLake-v0", num_groups=1, group_size=1)
