@@ -74,6 +74,25 @@ class ArlPPOTrainerSync(PPOTrainerSync):
         with pending_advantages(adv):
             return super()._compute_advantage(batch, metrics)
 
+    def on_step_end(self) -> None:
+        # verl's sync runs here; replicas that check it (arl's CPU rollout: the weight-sync canary)
+        # report through verl's own hook for sync figures, logged with this step's metrics
+        super().on_step_end()
+        pending = getattr(self, "_pending_sync_metrics", None) or {}
+        self._pending_sync_metrics = {**pending, **replica_sync_metrics(self.llm_server_manager.get_replicas())}
+
+
+def replica_sync_metrics(replicas: list[Any]) -> dict[str, float]:
+    """The ``sync_metrics()`` of the replicas that have one, combined: the worst gap and time (max),
+    the oldest served weight version (min); nothing for replicas without (verl's vLLM/SGLang)."""
+    out: dict[str, float] = {}
+    for replica in replicas:
+        fn = getattr(replica, "sync_metrics", None)
+        for key, value in (fn() if callable(fn) else {}).items():
+            pick = min if key.endswith("_version") else max
+            out[key] = pick(out[key], value) if key in out else value
+    return out
+
 
 def register() -> None:
     """Register the trainer mode and the estimators (idempotent)."""
