@@ -40,7 +40,7 @@ PACKAGE = "arl"
 # The layer order, lowest first, as the code holds it. A unit imports only units of lower tiers;
 # the units of one tier do not import each other.
 LAYERS: list[tuple[str, ...]] = [
-    ("arl.config",),  # the config records: plain data, no other arl module
+    ("arl.config", "arl._renamed"),  # the config records: plain data; the shims that keep renamed names working
     ("arl.sandbox",),  # commands without network under limits: the bug-fix env, its tools and pull mode use it
     ("arl.algo", "arl.envs"),  # pure math; the games
     ("arl.models",),  # the zoo: the tiny tokenizer is trained on the games' prompts
