@@ -171,12 +171,12 @@ class _GameRunner(AgentRunner):
                 observation, reward, terminated, truncated, info = await self._step(env, self.env_action(assistant))
                 steps.append(StepReport(
                     reward=float(reward), observation=state, action=info.get("action"),
-                    action_valid=bool(info.get("action_valid", True)),
+                    action_valid=None if info.get("action_valid") is None else bool(info["action_valid"]),
                     info={k: info[k] for k in _INFO_KEYS if k in info}, state_key=key))
                 self.record_step(state, assistant, info, float(reward))
                 state = str(info.get("raw_obs", state))
                 metrics["num_turns"] += 1
-                metrics["num_invalid"] += 0.0 if info.get("action_valid") else 1.0
+                metrics["num_invalid"] += 1.0 if info.get("action_valid") is False else 0.0  # reported invalid
                 if terminated or truncated or turn == limit:
                     break
                 following = self.next_messages(turn, observation, limit)

@@ -54,7 +54,9 @@ class StepReport:
     inventory, a counter). GiGPO groups steps on the hash of ``state_key``, else of ``observation``
     (for an env that is not an arl game); a runner that reports neither gets the hash of the call's
     last user message, which may carry turn counters and split equal states apart. ``info`` holds
-    the other keys (``action_effective``, ``success``).
+    the other keys (``action_effective``, ``success``). ``action_valid`` is None when the runner
+    does not say: such a step counts as valid for training (no invalid penalty) and is left out of
+    ``valid_action_rate``, which averages only the steps that reported it.
     On the wire it is ``step_scores[k]`` and ``step_infos[k]`` of the `EpisodeResult`, whose
     ``"state"`` entry (`OBSERVATION_INFO_KEY`) carries ``observation``. ``state``, the old name of
     ``observation``, still works as a keyword and an attribute, with a DeprecationWarning.
@@ -63,13 +65,15 @@ class StepReport:
     reward: float
     observation: str | None = None
     action: str | None = None
-    action_valid: bool = True
+    action_valid: bool | None = None  # None: not reported
     info: dict[str, Any] = attrs.Factory(dict)
     state_key: str | None = None
 
     def to_info(self) -> dict[str, Any]:
         """The ``step_infos`` entry of this report."""
-        out = {**self.info, "action_valid": self.action_valid}
+        out = dict(self.info)
+        if self.action_valid is not None:
+            out["action_valid"] = self.action_valid
         if self.action is not None:
             out["action"] = self.action
         if self.observation is not None:
@@ -144,10 +148,11 @@ class EpisodeResult:
             observation = info.pop(OBSERVATION_INFO_KEY, None)
             key = info.pop(STATE_KEY_INFO_KEY, None)
             action = info.pop("action", None)
+            valid = info.pop("action_valid", None)
             reports.append(StepReport(
                 reward=float(reward), observation=observation if isinstance(observation, str) else None,
                 action=action if isinstance(action, str) else None,
-                action_valid=bool(info.pop("action_valid", True)), info=info,
+                action_valid=None if valid is None else bool(valid), info=info,
                 state_key=key if isinstance(key, str) else None))
         alignment: StepAlignment = "exact" if len(scores) == n_calls else "last_missing"
         return reports + [None] * (n_calls - len(scores)), alignment

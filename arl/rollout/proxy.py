@@ -400,10 +400,12 @@ class ProxyEnvManager(EnvManager):
             observation=report.observation if report.observation is not None else (r.prompt.observation or ""),
             prompt_ids=r.prompt.prompt_ids,  # the tracker's, not copied
             response_ids=list(r.response_ids), response_logprobs=list(r.logprobs), reward=report.reward,
-            action=report.action, action_valid=report.action_valid,
+            action=report.action, action_valid=report.action_valid is not False,  # unreported: no penalty
             state_key=key, finish_reason=r.finish_reason, policy_version=r.policy_version,
             sampled_with=r.sampled_with,
-            info={**report.info, "action": report.action, "action_valid": report.action_valid,
+            # "action_valid" only where the runner reported it: valid_action_rate averages those
+            info={**report.info, "action": report.action,
+                  **({} if report.action_valid is None else {"action_valid": report.action_valid}),
                   "branch": r.branch, "state_key_source": source, "step_report": alignment},
         )
 

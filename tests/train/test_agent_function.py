@@ -37,6 +37,13 @@ async def says_done(client, seed):
     return "done"
 
 
+async def reports_validity(client, seed):
+    """Two calls; it says the first action was invalid and the second valid."""
+    for _ in range(2):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
+    return {"score": 1.0, "step_scores": [0.0, 1.0], "step_infos": [{"action_valid": False}, {"action_valid": True}]}
+
+
 async def no_seed(client):
     return 1.0
 
@@ -73,6 +80,8 @@ async def test_a_plain_async_function_trains_one_step_through_the_trainer(tmp_pa
     (row,) = [r for r in history if "rollout/num_episodes" in r]
     assert row["rollout/num_episodes"] == 8 and row["rollout/exit/agent_error"] == 0
     assert row["rollout/step_report_mismatch_rate"] == 0.0
+    # nobody said whether an action was valid: no valid-action rate (it read 1.0, never measured)
+    assert "rollout/valid_action_rate" not in row and all("action_valid" not in t.turns[0].info for t in trajs)
     assert any(not before[n].equal(after[n]) for n in before)  # it trained
 
 
@@ -142,3 +151,18 @@ def test_an_agent_function_may_return_a_score_a_bool_a_dict_or_a_result(value, s
     for bad in ({"score": float("nan")}, {"sucess": True}, None, [1.0]):
         with pytest.raises((TypeError, ValueError)):
             as_episode_result(bad)
+
+
+async def test_the_valid_action_rate_averages_only_the_steps_an_agent_reported(tmp_path, monkeypatch):
+    from arl.engine import make_engine
+    from arl.rollout.metrics import rollout_metrics
+
+    mod = user_agents(tmp_path, monkeypatch)
+    engine = make_engine(backend="scripted", model="tiny", max_model_len=1024)
+    reporting = make_runner_factory(ProxyConfig(runner=f"{mod}:reports_validity"))
+    silent = make_runner_factory(ProxyConfig(runner=f"{mod}:agent"))
+    episodes = [await ProxyEnvManager(engine, ManagerConfig(max_tokens=4), f, granularity="step").run_episode(spec())
+                for f in (reporting, silent)]
+    assert [s.action_valid for s in episodes[0].samples] == [False, True]
+    assert [s.action_valid for s in episodes[1].samples] == [True]  # unreported: no invalid penalty
+    assert rollout_metrics(episodes)["rollout/valid_action_rate"] == 0.5  # the silent agent's step is not averaged in
