@@ -1,7 +1,8 @@
 """Rollout metrics: one flat dict of floats per batch of episodes, keys by namespace.
 
-`rollout/...` over the whole batch; `rollout/exit/<reason>` counts (every known exit reason,
-zeros included, and any other seen, so an abnormal end is never silent); `env/<env_id>/...` per
+`rollout/...` over the whole batch; `rollout/exit/<reason>` and `rollout/status/<status>` counts
+(every known exit reason and runner status, zeros included, and any other seen, so an abnormal end
+is never silent); `env/<env_id>/...` per
 environment; `timing/episode_..._mean_s`, means of the per-episode timings the managers record.
 
 A key is a measurement or it is absent (docs/metrics.md): a count is always there (zero counted
@@ -18,6 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import get_args
 
+from arl.agents.runner import STATUSES
 from arl.envs.game import StateKeySource
 from arl.rollout.base import Episode
 from arl.rollout.records import EXIT_REASONS, Turn
@@ -107,8 +109,9 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     exits = Counter(tr.exit_reason for tr in trajs)
     for reason in sorted(EXIT_REASONS | set(exits)):
         out[f"rollout/exit/{reason}"] = float(exits[reason])
-    for status, count in sorted(Counter(tr.status for tr in trajs).items()):
-        out[f"rollout/status/{status}"] = float(count)
+    statuses = Counter(tr.status for tr in trajs)  # likewise every runner status, zeros included
+    for status in sorted(set(STATUSES) | set(statuses)):
+        out[f"rollout/status/{status}"] = float(statuses[status])
     by_env: dict[str, list[Episode]] = defaultdict(list)
     for e in episodes:
         by_env[e.trajectory.env_id].append(e)

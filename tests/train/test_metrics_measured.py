@@ -146,6 +146,7 @@ def _turn(**info) -> Turn:
 def test_an_empty_batch_has_counts_but_no_rates():
     m = rollout_metrics([])
     assert m["rollout/num_episodes"] == 0 and m["rollout/num_turns"] == 0 and m["rollout/exit/timeout"] == 0
+    assert m["rollout/status/NoData"] == 0  # every status is counted, like every exit reason
     for key in ("success_rate", "valid_action_rate", "mean_turns", "mean_episode_score", "abnormal_rate",
                 "response_tokens_max", "response_clipped_rate", "action_effective_rate", "sample_tokens_mean"):
         assert f"rollout/{key}" not in m, key
