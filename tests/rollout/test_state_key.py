@@ -3,7 +3,7 @@ fork manager (trunk and branches), the trajectory manager (what the verl loop re
 (through GymRunner's step reports). The hash of the observation text is only the fallback for an
 env that is not an arl game, and the turns say which one they got (issue 43 item 2).
 
-The test game's grid never changes: a hidden counter (the presses so far) is the state that
+The test game (tests/hidden_state_game.py): its grid never changes, a hidden counter (the presses so far) is the state that
 matters, so a key taken from the observation text puts every turn in one anchor group.
 """
 
@@ -13,58 +13,19 @@ import json
 from collections import defaultdict
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
-from gymnasium import spaces
+from hidden_state_game import HIDDEN_ID, WAIT_PRESS  # importing it registers the game
 
 from arl.agents import STATE_KEY_INFO_KEY, EpisodeResult, GymRunner, ToolCallRunner
 from arl.config import ForkConfig, ManagerConfig
 from arl.engine.scripted import ScriptedEngine
-from arl.envs import Game, TextEnv, register_game
+from arl.envs import TextEnv
 from arl.envs.game import state_hash
 from arl.rollout import EpisodeSpec, ForkEnvManager, StepEnvManager, TrajEnvManager, rollout_metrics
 from arl.rollout.proxy import ProxyEnvManager
 
 pytestmark = pytest.mark.anyio
 
-HIDDEN_ID = "arl_test/HiddenPresses-v0"
-PRESSES_TO_WIN = 3
-WAIT_PRESS = ["<answer>Wait</answer>", "<answer>Press</answer>"]  # hidden counts 0, 0, 1, 1, 2, 2
-
-
-class HiddenPresses(Game):
-    """A button behind a wall: "Press" counts (unseen), the third press wins; the grid is always "#o#"."""
-
-    action_names = ["Press", "Wait"]
-    game_name = "hidden presses"
-    description = "Press the button three times. The board does not show how often you pressed."
-    symbols = "#o"
-    symbol_names = {"#": "wall", "o": "button"}
-
-    def __init__(self) -> None:
-        self.observation_space = spaces.Box(0, 1, (1, 3), dtype=np.int8)
-        self.action_space = spaces.Discrete(2)
-        self.presses = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.presses = 0
-        return np.zeros((1, 3), dtype=np.int8), {"success": False}
-
-    def step(self, action):
-        if action == 0:
-            self.presses += 1
-        won = self.presses >= PRESSES_TO_WIN
-        return np.zeros((1, 3), dtype=np.int8), float(won), won, False, {"success": won, "action_effective": action == 0}
-
-    def grid_text(self) -> str:
-        return "#o#"
-
-    def state_key(self) -> str:
-        return f"{self.grid_text()}|presses={self.presses}"
-
-
-register_game(HIDDEN_ID, HiddenPresses, max_episode_steps=8)
 
 
 def spec(seed: int = 0, member: int = 0, env_id: str = HIDDEN_ID) -> EpisodeSpec:
