@@ -236,6 +236,22 @@ class Sample:
         return sum(self.response_mask)
 
 
+def reply_index(response_mask: Sequence[int]) -> list[int | None]:
+    """Per token, the index of the reply (the run of ``response_mask`` ones) it belongs to, None
+    on context tokens: the position of its `SampledWith` in ``Sample.sampled_with``.
+
+    >>> reply_index([0, 1, 0, 1, 1])
+    [None, 0, None, 1, 1]
+    """
+    out: list[int | None] = []
+    run = -1
+    for i, m in enumerate(response_mask):
+        if m and (i == 0 or not response_mask[i - 1]):
+            run += 1
+        out.append(run if m else None)
+    return out
+
+
 def token_temperatures(sample: Sample, default: float = 1.0) -> list[float]:
     """The temperature to score each token of ``sample`` at: on each reply, the one it was drawn
     at (`SampledWith.scoring_temperature`: 1 for a greedy draw), ``default`` where the sample
@@ -248,17 +264,9 @@ def token_temperatures(sample: Sample, default: float = 1.0) -> list[float]:
     >>> token_temperatures(attrs.evolve(s, sampled_with=()), default=0.7)
     [1.0, 0.7, 1.0, 0.7, 0.7]
     """
-    out, run = [], -1
-    for i, m in enumerate(sample.response_mask):
-        if m and (i == 0 or not sample.response_mask[i - 1]):
-            run += 1
-        if not m:
-            out.append(1.0)
-        elif sample.sampled_with:
-            out.append(sample.sampled_with[run].scoring_temperature)
-        else:
-            out.append(default)
-    return out
+    drawn = sample.sampled_with
+    return [1.0 if run is None else drawn[run].scoring_temperature if drawn else default
+            for run in reply_index(sample.response_mask)]
 
 
 def sampling_counts(samples: Sequence[Sample], mask_abnormal: bool = False) -> dict[str, float]:
@@ -285,12 +293,9 @@ def sampling_counts(samples: Sequence[Sample], mask_abnormal: bool = False) -> d
     for s in samples:
         if not s.sampled_with or (mask_abnormal and not s.ok):
             continue
-        run = -1
-        for i, m in enumerate(s.response_mask):
-            if not m:
+        for run in reply_index(s.response_mask):
+            if run is None:
                 continue
-            if i == 0 or not s.response_mask[i - 1]:
-                run += 1
             drawn = s.sampled_with[run]
             counts["recorded"] += 1
             counts["greedy"] += drawn.temperature == 0
