@@ -135,14 +135,14 @@ def estimators(grid: str) -> dict[str, dict[str, Any]]:
     """name -> gigpo/grpo keyword arguments. grid: 'small' (CI) or 'full'."""
     out: dict[str, dict[str, Any]] = {"grpo": {"estimator": "grpo"}}
     gammas, weights = ((0.5,), (10.0,)) if grid == "small" else ((0.5, 0.95), (1.0, 3.0, 10.0))
-    for mode in ("mean_norm", "mean_std_norm"):
+    for norm in ("mean_norm", "mean_std_norm"):
         for gamma in gammas:
             for w in weights:
-                out[f"gigpo {mode} gamma={gamma} w={w:g}"] = {
-                    "estimator": "gigpo", "mode": mode, "gamma": gamma, "step_weight": w}
+                out[f"gigpo {norm} gamma={gamma} w={w:g}"] = {
+                    "estimator": "gigpo", "norm": norm, "gamma": gamma, "step_weight": w}
         # verl-agent's GiGPO (episode statistics over step rows, singleton groups pass R through)
-        out[f"gigpo {mode} gamma={gammas[0]} w={weights[0]:g} verl-agent"] = {
-            "estimator": "gigpo", "mode": mode, "gamma": gammas[0], "step_weight": weights[0],
+        out[f"gigpo {norm} gamma={gammas[0]} w={weights[0]:g} verl-agent"] = {
+            "estimator": "gigpo", "norm": norm, "gamma": gammas[0], "step_weight": weights[0],
             "episode_stats": "steps", "singleton": "raw"}
     return out
 
@@ -161,8 +161,8 @@ def fork_arms(grid: str) -> dict[str, dict[str, Any]]:
 def settings_of(spec: dict[str, Any], **changes: Any) -> Any:
     import types
 
-    fields = {k: v for k, v in spec.items() if k not in ("estimator", "mode")}
-    return types.SimpleNamespace(**{**fields, "gigpo_norm": spec.get("mode"), **changes})
+    fields = {k: v for k, v in spec.items() if k not in ("estimator", "norm")}
+    return types.SimpleNamespace(**{**fields, "gigpo_norm": spec.get("norm"), **changes})
 
 
 def noise_share(adv: np.ndarray, cells: list[tuple[Any, ...]]) -> float:
@@ -317,9 +317,9 @@ def main() -> None:
                         help="groups x episodes per batch, e.g. 8x8")
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--settings", choices=["small", "full"], default=None,
-                        help="estimator settings and forked arms: small (one GiGPO setting per mode, 3 forked arms) "
+                        help="estimator settings and forked arms: small (one GiGPO setting per norm, 3 forked arms) "
                              "or full (all of them, 5 forked arms; the default, --quick: small)")
-    parser.add_argument("--quick", action="store_true", help="smoke size: 8x8, 2 batches, one GiGPO setting per mode")
+    parser.add_argument("--quick", action="store_true", help="smoke size: 8x8, 2 batches, one GiGPO setting per norm")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/credit.json")
     args = parser.parse_args()
     if args.quick:

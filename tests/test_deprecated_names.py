@@ -163,6 +163,33 @@ def test_the_estimators_take_state_hashes_as_state_keys():
         gigpo(*columns, state_keys=keys, state_hashes=keys)
 
 
+def test_the_gigpo_estimators_take_mode_as_norm():
+    """GiGPO's normalisation is its norm (docs/architecture.md, "Glossary"; `algo.gigpo_norm`): the
+    old keyword ``mode=`` still works, with a warning naming ``norm=``, and means the same."""
+    import numpy as np
+
+    from arl.algo import episode_advantages, gigpo, gigpo_forked, step_advantages
+
+    columns = ([1, 1, 0, 0], [0, 1, 0, 0], ["g"] * 4, ["A", "A", "B", "B"], [0, 1, 0, 1], ["s0", "s1", "s0", "s0"])
+    want, _ = gigpo(*columns, gamma=0.5, norm="mean_std_norm")
+    with pytest.warns(DeprecationWarning, match=r"gigpo\(mode=\.\.\.\) is deprecated: use gigpo\(norm="):
+        np.testing.assert_array_equal(gigpo(*columns, gamma=0.5, mode="mean_std_norm")[0], want)
+    forks = dict(fork_ids=[None] * 4, fork_rewards=[()] * 4, branch=[False] * 4, gamma=0.5)
+    with pytest.warns(DeprecationWarning, match=r"gigpo_forked\(norm="):
+        np.testing.assert_array_equal(gigpo_forked(*columns, mode="mean_std_norm", **forks)[0], want)
+    returns, keys = [0.5, 1.0, 0.0, 0.0], ["g"] * 4
+    with pytest.warns(DeprecationWarning, match=r"step_advantages\(norm="):
+        a_s, _ = step_advantages(returns, keys, columns[5], mode="mean_std_norm")
+    np.testing.assert_array_equal(a_s, step_advantages(returns, keys, columns[5], norm="mean_std_norm")[0])
+    with pytest.warns(DeprecationWarning, match=r"episode_advantages\(norm="):
+        a_e, _ = episode_advantages(columns[0], keys, columns[3], mode="mean_std_norm")
+    np.testing.assert_array_equal(a_e, episode_advantages(columns[0], keys, columns[3], norm="mean_std_norm")[0])
+    with pytest.raises(TypeError, match="give only norm"), pytest.warns(DeprecationWarning):
+        gigpo(*columns, norm="mean_norm", mode="mean_std_norm")
+    with pytest.raises(ValueError, match="unknown norm"), pytest.warns(DeprecationWarning):
+        gigpo(*columns, mode="std")  # the old keyword, checked as the new one
+
+
 def test_an_estimator_reading_state_hash_still_works():
     """A user's estimator written against `Sample.state_hash`, and sample-like rows that carry only
     `state_hash`, give what they gave, with a warning."""

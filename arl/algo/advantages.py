@@ -9,8 +9,9 @@ Conventions shared by all estimators (docs/reference.md §3.1):
 - Group statistics use the unbiased std (ddof=1).
 - A singleton group has no baseline to compare against: its advantage is 0 (ROLL's choice;
   verl-agent instead passes the raw score through with mean 0 / std 1: `gigpo(singleton="raw")`).
-- A constant group (std <= 1e-6) carries no learning signal: its advantage is exactly 0, in
-  both normalisation modes, so "all-zero advantage" filters can test for equality.
+- A constant group (std <= 1e-6) carries no learning signal: its advantage is exactly 0
+  with or without the std division (GRPO's ``std_normalize``, GiGPO's ``norm``), so "all-zero
+  advantage" filters can test for equality.
 
 Where each estimator lives: this module defines the per-sample ones, REINFORCE and GRPO, which
 score a row alone or against its group. GiGPO, which also needs each row's trajectory, step and
@@ -37,7 +38,7 @@ from arl.algo._groups import (
 from arl.algo.forked import fork_returns, gigpo_forked  # noqa: F401  (re-exported)
 from arl.algo.step_level import (  # noqa: F401  (re-exported)
     EpisodeStats,
-    Mode,
+    Norm,
     Singleton,
     discounted_returns,
     episode_advantages,

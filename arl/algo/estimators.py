@@ -210,7 +210,7 @@ def _gigpo(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str,
         [s.episode_score for s in samples], [s.step_score for s in samples], [s.group_id for s in samples],
         [s.traj_id for s in samples], [s.step for s in samples], _state_keys(samples),
     )
-    options = dict(gamma=settings.gamma, step_weight=settings.step_weight, mode=settings.gigpo_norm,
+    options = dict(gamma=settings.gamma, step_weight=settings.step_weight, norm=settings.gigpo_norm,
                    invalid_penalty=getattr(settings, "invalid_penalty", 0.0),
                    action_valid=[s.action_valid for s in samples], **extra)
     fork_ids = [getattr(s, "fork_id", None) for s in samples]

@@ -43,9 +43,9 @@ from arl.algo._groups import (
 )
 from arl.algo.step_level import (
     EpisodeStats,
-    Mode,
+    Norm,
     Singleton,
-    _check_mode,
+    _check_norm,
     discounted_returns,
     episode_advantages,
     step_advantages,
@@ -72,7 +72,7 @@ def fork_returns(fork_rewards: Sequence[Sequence[float]], *, gamma: float) -> np
     return out
 
 
-@_renamed_keywords(state_hashes="state_keys")
+@_renamed_keywords(state_hashes="state_keys", mode="norm")
 def gigpo_forked(
     episode_scores: Floats,
     step_rewards: Floats,
@@ -86,7 +86,7 @@ def gigpo_forked(
     *,
     gamma: float = 0.95,
     step_weight: float = 1.0,
-    mode: Mode = "mean_norm",
+    norm: Norm = "mean_norm",
     invalid_penalty: float = 0.0,
     action_valid: Sequence[bool] | np.ndarray | Any | None = None,
     eps: float = 1e-6,
@@ -122,7 +122,7 @@ def gigpo_forked(
     >>> stats["fork_groups"], stats["fork_group_size_mean"], stats["anchor_groups"]
     (1.0, 3.0, 3.0)
     """
-    _check_mode(mode)
+    _check_norm(norm)
     n = _check_lengths(
         episode_scores=episode_scores, step_rewards=step_rewards, group_ids=group_ids, traj_ids=traj_ids,
         steps=steps, state_keys=state_keys, fork_ids=fork_ids, fork_rewards=fork_rewards, branch=branch,
@@ -158,18 +158,18 @@ def gigpo_forked(
     a_e = np.zeros(n)
     if len(trunk):
         a_e[trunk], scale = episode_advantages(
-            scores[trunk], [groups[r] for r in trunk], [trajs[r] for r in trunk], mode=mode, eps=eps,
+            scores[trunk], [groups[r] for r in trunk], [trajs[r] for r in trunk], norm=norm, eps=eps,
             stats=episode_stats, singleton=singleton,
         )
         a_e[trunk] -= invalid_penalty * invalid[trunk] / scale
 
     # 4. step term: fork groups where the rollout forked, GiGPO's natural anchors elsewhere
     a_s = np.zeros(n)
-    a_s[forked] = group_normalize(returns, fork_rows, std_normalize=mode == "mean_std_norm", eps=eps)[forked]
+    a_s[forked] = group_normalize(returns, fork_rows, std_normalize=norm == "mean_std_norm", eps=eps)[forked]
     natural_anchors: list[np.ndarray] = []
     if len(natural):
         a_s[natural], local = step_advantages(
-            returns[natural], [groups[r] for r in natural], [states[r] for r in natural], mode=mode, eps=eps
+            returns[natural], [groups[r] for r in natural], [states[r] for r in natural], norm=norm, eps=eps
         )
         natural_anchors = [natural[rows] for rows in local]
 

@@ -149,7 +149,7 @@ def loss_normalizers(response_mask: torch.Tensor) -> dict[str, int]:
 
     Pass them to every micro-batch's `policy_loss(..., **loss_normalizers(full_mask))` and sum
     (backward) the micro-batch losses without further scaling: the accumulated gradient then
-    equals the full batch's, in both aggregation modes.
+    equals the full batch's, with either `agg` (token-mean, seq-mean-token-mean).
 
     >>> loss_normalizers(torch.tensor([[0, 1, 1], [0, 0, 0], [1, 0, 0]]))
     {'num_tokens_global': 3, 'num_seqs_global': 2}

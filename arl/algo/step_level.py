@@ -29,7 +29,7 @@ from arl.algo._groups import (
 
 __all__ = [
     "EpisodeStats",
-    "Mode",
+    "Norm",
     "Singleton",
     "discounted_returns",
     "episode_advantages",
@@ -37,8 +37,10 @@ __all__ = [
     "step_advantages",
 ]
 
-Mode = Literal["mean_norm", "mean_std_norm"]
-MODES: tuple[str, ...] = get_args(Mode)
+# GiGPO's normalisation of both terms, its "norm" (docs/architecture.md, "Glossary"; config key
+# `algo.gigpo_norm`): subtract the group mean, or also divide by the group's std + eps.
+Norm = Literal["mean_norm", "mean_std_norm"]
+NORMS: tuple[str, ...] = get_args(Norm)
 # GiGPO's episode term: statistics over each group's episodes (arl) or over its step-rows
 # (verl-agent's default, `compute_mean_std_cross_steps=True`: a T-step episode counts T times).
 EpisodeStats = Literal["episodes", "steps"]
@@ -53,9 +55,9 @@ _NO_STATE = object()
 # option checks
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+def _check_norm(norm: str) -> None:
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}; allowed: {', '.join(NORMS)}")
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -98,12 +100,13 @@ def discounted_returns(step_rewards: Floats, traj_ids: Keys, steps: Floats, *, g
     return returns
 
 
+@_renamed_keywords(mode="norm")
 def episode_advantages(
     episode_scores: Floats,
     group_ids: Keys,
     traj_ids: Keys,
     *,
-    mode: Mode = "mean_norm",
+    norm: Norm = "mean_norm",
     eps: float = 1e-6,
     stats: EpisodeStats = "episodes",
     singleton: Singleton = "zero",
@@ -141,7 +144,7 @@ def episode_advantages(
     >>> episode_advantages([1, 0.5], ["g", "h"], ["A", "B"], singleton="raw")[0]
     array([1. , 0.5])
     """
-    _check_mode(mode)
+    _check_norm(norm)
     _check_choice("stats", stats, get_args(EpisodeStats))
     _check_choice("singleton", singleton, get_args(Singleton))
     scores = _floats("episode_scores", episode_scores)
@@ -160,7 +163,7 @@ def episode_advantages(
         traj_score[k] = scores[rows[0]]
         traj_group.append(groups[rows[0]])
 
-    std_normalize = mode == "mean_std_norm"
+    std_normalize = norm == "mean_std_norm"
     if stats == "steps":  # the population is the rows themselves
         return _normalize_with_scale(scores, _group_rows(groups), std_normalize, eps, singleton)
 
@@ -191,9 +194,9 @@ def _normalize_with_scale(
     return adv, scale
 
 
-@_renamed_keywords(state_hashes="state_keys")
+@_renamed_keywords(state_hashes="state_keys", mode="norm")
 def step_advantages(
-    returns: Floats, group_ids: Keys, state_keys: Keys, *, mode: Mode = "mean_norm", eps: float = 1e-6
+    returns: Floats, group_ids: Keys, state_keys: Keys, *, norm: Norm = "mean_norm", eps: float = 1e-6
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """GiGPO's step term A_S: normalise G_t inside its anchor-state group.
 
@@ -211,7 +214,7 @@ def step_advantages(
     >>> a_s.round(4), [a.tolist() for a in anchors]
     (array([ 0.3333,  0.    , -0.1667, -0.1667]), [[0, 2, 3], [1]])
     """
-    _check_mode(mode)
+    _check_norm(norm)
     values = _floats("returns", returns)
     groups, states = _keys(group_ids), _keys(state_keys)
     _check_lengths(returns=values, group_ids=groups, state_keys=states)
@@ -220,11 +223,11 @@ def step_advantages(
         for row, (g, s) in enumerate(zip(groups, states, strict=True))
     ]
     anchors = _group_rows(anchor_keys)
-    adv = group_normalize(values, anchors, std_normalize=mode == "mean_std_norm", eps=eps)
+    adv = group_normalize(values, anchors, std_normalize=norm == "mean_std_norm", eps=eps)
     return adv, anchors
 
 
-@_renamed_keywords(state_hashes="state_keys")
+@_renamed_keywords(state_hashes="state_keys", mode="norm")
 def gigpo(
     episode_scores: Floats,
     step_rewards: Floats,
@@ -235,7 +238,7 @@ def gigpo(
     *,
     gamma: float = 0.95,
     step_weight: float = 1.0,
-    mode: Mode = "mean_norm",
+    norm: Norm = "mean_norm",
     invalid_penalty: float = 0.0,
     action_valid: Sequence[bool] | np.ndarray | Any | None = None,
     eps: float = 1e-6,
@@ -252,7 +255,7 @@ def gigpo(
       4. A_S(j): G_t normalised inside its anchor group                   (step_advantages)
       5. A(j) = A_E(i) + step_weight * A_S(j)
 
-    mode "mean_norm" subtracts the mean; "mean_std_norm" also divides by (unbiased std + eps).
+    norm "mean_norm" subtracts the mean; "mean_std_norm" also divides by (unbiased std + eps).
     Singleton and constant groups (episode or anchor) contribute 0.
 
     verl-agent's reference (gigpo/core_gigpo.py, `compute_gigpo_outcome_advantage`) differs in
@@ -288,7 +291,7 @@ def gigpo(
     >>> stats["anchor_group_size_mean"], stats["anchor_singleton_frac"]
     (2.0, 0.5)
     """
-    _check_mode(mode)
+    _check_norm(norm)
     n = _check_lengths(
         episode_scores=episode_scores,
         step_rewards=step_rewards,
@@ -311,12 +314,12 @@ def gigpo(
 
     # 2. episode term, over episodes; the penalty hits the offending row's copy of R
     a_e, scale = episode_advantages(
-        episode_scores, group_ids, traj_ids, mode=mode, eps=eps, stats=episode_stats, singleton=singleton
+        episode_scores, group_ids, traj_ids, norm=norm, eps=eps, stats=episode_stats, singleton=singleton
     )
     a_e = a_e - invalid_penalty * invalid / scale
 
     # 3 + 4. anchor-state groups and the step term
-    a_s, anchors = step_advantages(returns, group_ids, state_keys, mode=mode, eps=eps)
+    a_s, anchors = step_advantages(returns, group_ids, state_keys, norm=norm, eps=eps)
 
     # 5. combine
     adv = a_e + step_weight * a_s

@@ -157,7 +157,7 @@ def test_gigpo_mean_norm_hand_vector():
 
 
 def test_gigpo_mean_std_norm_hand_vector():
-    a, _ = gigpo(**EX, gamma=0.5, mode="mean_std_norm")
+    a, _ = gigpo(**EX, gamma=0.5, norm="mean_std_norm")
     # episodes [1, 0]: std sqrt(1/2); anchor s0 returns [0.5, 0, 0]: std sqrt(1/12)
     a_e = 0.5 / (math.sqrt(0.5) + EPS)
     s = math.sqrt(1 / 12) + EPS
@@ -195,7 +195,7 @@ def test_gigpo_repeated_state_in_one_trajectory():
 
 def test_gigpo_singleton_groups_are_zero():
     # one trajectory, distinct states: every group is a singleton
-    a, stats = gigpo([3.0, 3.0], [1.0, 2.0], ["g", "g"], ["T", "T"], [0, 1], ["a", "b"], mode="mean_std_norm")
+    a, stats = gigpo([3.0, 3.0], [1.0, 2.0], ["g", "g"], ["T", "T"], [0, 1], ["a", "b"], norm="mean_std_norm")
     np.testing.assert_array_equal(a, [0.0, 0.0])
     assert stats["anchor_singleton_frac"] == 1.0
 
@@ -209,7 +209,7 @@ def test_gigpo_constant_groups_are_zero():
         ["A", "A", "B", "B"],
         [0, 1, 0, 1],
         ["s", "t", "s", "t"],
-        mode="mean_std_norm",
+        norm="mean_std_norm",
     )
     np.testing.assert_array_equal(a, [0.0] * 4)
 
@@ -240,7 +240,7 @@ def test_gigpo_invalid_penalty_mean_norm():
 
 def test_gigpo_invalid_penalty_mean_std_norm():
     a, _ = gigpo(
-        **EX, gamma=0.5, mode="mean_std_norm", invalid_penalty=0.1, action_valid=[True, True, True, False]
+        **EX, gamma=0.5, norm="mean_std_norm", invalid_penalty=0.1, action_valid=[True, True, True, False]
     )
     s_e = math.sqrt(0.5) + EPS
     g = np.array([0.5, 0.0, -0.1])
@@ -258,7 +258,7 @@ def test_gigpo_invalid_penalty_reaches_singletons():
         ["T", "T"],
         [0, 1],
         ["a", "b"],
-        mode="mean_std_norm",
+        norm="mean_std_norm",
         invalid_penalty=0.1,
         action_valid=[False, True],
     )
@@ -266,8 +266,8 @@ def test_gigpo_invalid_penalty_reaches_singletons():
 
 
 def test_gigpo_validation():
-    with pytest.raises(ValueError, match="mode"):
-        gigpo(**EX, mode="std")
+    with pytest.raises(ValueError, match="unknown norm"):
+        gigpo(**EX, norm="std")
     with pytest.raises(ValueError, match="lengths"):
         gigpo(**{**EX, "steps": [0, 1, 0]})
     with pytest.raises(ValueError, match="action_valid"):
@@ -336,11 +336,11 @@ def _gigpo_rows(rows, **kw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(batch=step_batches(), mode=st.sampled_from(["mean_norm", "mean_std_norm"]))
-def test_gigpo_permutation_invariant_and_finite(batch, mode):
+@given(batch=step_batches(), norm=st.sampled_from(["mean_norm", "mean_std_norm"]))
+def test_gigpo_permutation_invariant_and_finite(batch, norm):
     rows, perm = batch
-    a, stats = _gigpo_rows(rows, mode=mode, invalid_penalty=0.1)
-    a_perm, stats_perm = _gigpo_rows([rows[i] for i in perm], mode=mode, invalid_penalty=0.1)
+    a, stats = _gigpo_rows(rows, norm=norm, invalid_penalty=0.1)
+    a_perm, stats_perm = _gigpo_rows([rows[i] for i in perm], norm=norm, invalid_penalty=0.1)
     assert np.all(np.isfinite(a))
     np.testing.assert_allclose(a_perm, a[perm], atol=1e-9)
     assert stats == pytest.approx(stats_perm)

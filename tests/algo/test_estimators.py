@@ -38,7 +38,7 @@ def test_each_builtin_name_gives_what_its_function_gives():
     direct, direct_stats = gigpo([s.episode_score for s in samples], [s.step_score for s in samples],
                                  ["g"] * 4, [s.traj_id for s in samples], [s.step for s in samples],
                                  [s.state_key for s in samples], gamma=algo.gamma, step_weight=algo.step_weight,
-                                 mode=algo.gigpo_norm)
+                                 norm=algo.gigpo_norm)
     np.testing.assert_array_equal(adv, direct)
     assert stats == {**{f"gigpo_{k}": float(v) for k, v in direct_stats.items()},
                      "adv_abs_mean": float(np.abs(direct).mean())}

@@ -38,13 +38,13 @@ def random_batch(rng, groups=3, members=3, max_len=5):
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
+@pytest.mark.parametrize("norm", ["mean_norm", "mean_std_norm"])
 @pytest.mark.parametrize("options", [{}, {"invalid_penalty": 0.1}, {"episode_stats": "steps", "singleton": "raw"}])
-def test_without_forks_it_is_gigpo_exactly(seed, mode, options):
+def test_without_forks_it_is_gigpo_exactly(seed, norm, options):
     b = random_batch(np.random.default_rng(seed))
     n = len(b["scores"])
     columns = (b["scores"], b["rewards"], b["groups"], b["trajs"], b["steps"], b["states"])
-    kwargs = dict(gamma=0.9, step_weight=2.5, mode=mode, action_valid=b["valid"], **options)
+    kwargs = dict(gamma=0.9, step_weight=2.5, norm=norm, action_valid=b["valid"], **options)
     want, want_stats = gigpo(*columns, **kwargs)
     got, stats = gigpo_forked(*columns, [None] * n, [()] * n, [False] * n, **kwargs)
     np.testing.assert_array_equal(got, want)
@@ -56,7 +56,7 @@ def test_mean_std_norm_fork_group_by_hand():
     # one trunk A (a single step at s0, reward 1) forked K = 4; branches earn 0, 0, 1 (gamma 1)
     adv, stats = gigpo_forked(
         [1, 0, 0, 1], [1, 0, 0, 1], ["g"] * 4, ["A", "A@0.1", "A@0.2", "A@0.3"], [0] * 4, ["s0"] * 4,
-        ["A@0"] * 4, [[1], [0], [0], [1]], [False, True, True, True], gamma=1.0, mode="mean_std_norm")
+        ["A@0"] * 4, [[1], [0], [0], [1]], [False, True, True, True], gamma=1.0, norm="mean_std_norm")
     std = math.sqrt(1 / 3)  # [1, 0, 0, 1]: mean 1/2, unbiased std sqrt(1/3)
     np.testing.assert_allclose(adv, np.array([0.5, -0.5, -0.5, 0.5]) / (std + 1e-6), rtol=1e-12)
     assert stats["fork_constant_frac"] == 0 and stats["episode_adv_abs_mean"] == 0  # one trunk: A_E = 0

@@ -31,7 +31,8 @@ def _normalise(x, mean, std, remove_std, eps):
 
 
 def _reference(scores, returns, index, traj_index, anchor_obs, *, mode, cross_steps, w=1.0, eps=1e-6):
-    """verl-agent's GiGPO advantage of each step-row (one scalar per row)."""
+    """verl-agent's GiGPO advantage of each step-row (one scalar per row). ``mode`` keeps verl-agent's
+    name (``algorithm.gigpo.mode``) for what arl calls GiGPO's norm."""
     remove_std = mode == "mean_norm"
     n = len(scores)
     # episode_norm_reward: each row adds its score to its group's population, once per
@@ -74,15 +75,15 @@ BATCH = dict(
 )
 
 
-@pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
+@pytest.mark.parametrize("norm", ["mean_norm", "mean_std_norm"])
 @pytest.mark.parametrize("cross_steps", [True, False])
-def test_gigpo_matches_verl_agent_reference(mode, cross_steps):
+def test_gigpo_matches_verl_agent_reference(norm, cross_steps):
     b = BATCH
     returns = discounted_returns(b["rewards"], b["trajs"], b["steps"], gamma=0.95)
-    expected = _reference(b["scores"], returns, b["groups"], b["trajs"], b["states"], mode=mode, cross_steps=cross_steps)
+    expected = _reference(b["scores"], returns, b["groups"], b["trajs"], b["states"], mode=norm, cross_steps=cross_steps)
     adv, _ = gigpo(
         b["scores"], b["rewards"], b["groups"], b["trajs"], b["steps"], b["states"],
-        gamma=0.95, mode=mode, episode_stats="steps" if cross_steps else "episodes", singleton="raw",
+        gamma=0.95, norm=norm, episode_stats="steps" if cross_steps else "episodes", singleton="raw",
     )
     np.testing.assert_allclose(adv, expected, rtol=1e-6, atol=1e-6)
 
@@ -97,7 +98,7 @@ def test_episode_term_by_hand():
 
 
 def test_singleton_raw_in_mean_std_norm_divides_by_one_plus_eps():
-    adv, scale = episode_advantages([2.0], ["h"], ["D"], mode="mean_std_norm", singleton="raw", eps=1e-3)
+    adv, scale = episode_advantages([2.0], ["h"], ["D"], norm="mean_std_norm", singleton="raw", eps=1e-3)
     assert adv[0] == pytest.approx(2.0 / 1.001) and scale[0] == pytest.approx(1.001)
 
 

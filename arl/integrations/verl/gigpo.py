@@ -21,7 +21,8 @@ Sokoban launch): gamma 0.95, step weight 1, ``mean_norm``, episode statistics ov
 (``compute_mean_std_cross_steps=True``), a singleton episode group passes its raw score, an invalid
 action costs 0.1 (``invalid_action_penalty_coef``). arl's own trainer defaults differ
 (``episode_stats="episodes"``, ``singleton="zero"``, no penalty); ``+algorithm.arl_gigpo.<name>=``
-overrides any of them. Nothing here measured one against the other.
+overrides any of them (``norm`` is verl-agent's ``algorithm.gigpo.mode``, and ``mode`` is accepted
+here under that name: `gigpo_options`). Nothing here measured one against the other.
 
 GRPO needs no trainer change: `arl_grpo` (arl's conventions, docs/reference.md §3.1: unbiased std,
 singleton and constant groups give 0) is an ordinary registered estimator over the episode score.
@@ -42,7 +43,7 @@ from arl.integrations.verl.agent_loop import TURN_FIELDS
 
 # verl-agent's GiGPO (module docstring), as keywords of `arl.algo.gigpo`
 GIGPO_DEFAULTS: dict[str, Any] = {
-    "gamma": 0.95, "step_weight": 1.0, "mode": "mean_norm",
+    "gamma": 0.95, "step_weight": 1.0, "norm": "mean_norm",
     "episode_stats": "steps", "singleton": "raw", "invalid_penalty": 0.1,
 }
 
@@ -51,12 +52,23 @@ _PENDING: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("
 
 
 def gigpo_options(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """`GIGPO_DEFAULTS` under ``+algorithm.arl_gigpo.*`` (a dict or an OmegaConf node)."""
+    """`GIGPO_DEFAULTS` under ``+algorithm.arl_gigpo.*`` (a dict or an OmegaConf node).
+
+    The keys are `arl.algo.gigpo`'s keywords, written by the user in verl's config. ``mode`` is
+    taken for ``norm``: it is the name verl-agent's config gives it (``algorithm.gigpo.mode``), and
+    the one this block used before arl called it norm (docs/architecture.md, "Glossary"), so a
+    launch written either way keeps working. Both at once: ValueError.
+    """
     if overrides is not None and hasattr(overrides, "_metadata"):
         from omegaconf import OmegaConf
 
         overrides = OmegaConf.to_container(overrides, resolve=True)
-    return {**GIGPO_DEFAULTS, **dict(overrides or {})}
+    overrides = dict(overrides or {})
+    if "mode" in overrides:
+        if "norm" in overrides:
+            raise ValueError("algorithm.arl_gigpo got mode and norm: mode is verl-agent's name of norm; give only norm")
+        overrides["norm"] = overrides.pop("mode")
+    return {**GIGPO_DEFAULTS, **overrides}
 
 
 @contextlib.contextmanager
@@ -93,7 +105,7 @@ def token_advantages(
     Row i's turn t spans response positions [s, e): A(i, t) from `arl.algo.gigpo` over every
     turn of the batch is written to positions s..e-1 where response_mask is 1. ``traj_ids``
     (default: the row index) name the trajectories; ``gigpo_options`` go to `arl.algo.gigpo`
-    (gamma, step_weight, mode, invalid_penalty, episode_stats, singleton, ...).
+    (gamma, step_weight, norm, invalid_penalty, episode_stats, singleton, ...).
     """
     n = response_mask.shape[0]
     if not len(fields) == len(group_ids) == n:

@@ -54,7 +54,7 @@ async def _arl_turns(engine, uids, sessions):
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("options", [{}, {"mode": "mean_std_norm", "invalid_penalty": 0.1},
+@pytest.mark.parametrize("options", [{}, {"norm": "mean_std_norm", "invalid_penalty": 0.1},
                                      {"episode_stats": "steps", "singleton": "raw", "gamma": 0.9}])
 async def test_token_advantages_equal_arl_gigpo(make_loop, verl_worker, tiny_tokenizer, options):
     engine = ScriptedEngine(tiny_tokenizer, invalid_rate=0.3, seed=7)
@@ -128,7 +128,11 @@ def test_gigpo_defaults_are_verl_agents():
 
     from arl.integrations.verl.gigpo import gigpo_options
 
-    want = {"gamma": 0.95, "step_weight": 1.0, "mode": "mean_norm", "episode_stats": "steps",
+    want = {"gamma": 0.95, "step_weight": 1.0, "norm": "mean_norm", "episode_stats": "steps",
             "singleton": "raw", "invalid_penalty": 0.1}
     assert gigpo_options(None) == want
     assert gigpo_options(OmegaConf.create({"singleton": "zero"})) == {**want, "singleton": "zero"}
+    # verl-agent's name of the norm (algorithm.gigpo.mode), and this block's before: taken as norm
+    assert gigpo_options(OmegaConf.create({"mode": "mean_std_norm"})) == {**want, "norm": "mean_std_norm"}
+    with pytest.raises(ValueError, match="give only norm"):
+        gigpo_options({"mode": "mean_std_norm", "norm": "mean_norm"})
