@@ -1,5 +1,6 @@
 """Names moved by the reorganisation still import from their old place, with a DeprecationWarning."""
 
+import attrs
 import pytest
 
 from arl.config import KeepBranches
@@ -127,7 +128,8 @@ def test_step_report_state_is_observation_and_the_wire_format_is_unchanged():
     assert report == StepReport(1.0, "P_G", state_key="#k") and report.observation == "P_G"
     with pytest.warns(DeprecationWarning, match=r"StepReport\.observation"):
         assert report.state == "P_G"
-    assert report.to_info() == {"action_valid": True, "state": "P_G", "state_key": "#k"}  # what agents write
+    assert report.to_info() == {"state": "P_G", "state_key": "#k"}  # what agents write (validity: not said)
+    assert attrs.evolve(report, action_valid=True).to_info()["action_valid"] is True
 
 
 @pytest.mark.parametrize("module", ["arl.agents", "arl.agents.runner"])
