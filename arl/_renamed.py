@@ -5,15 +5,19 @@ Every use of an old name warns with a DeprecationWarning that names the new one:
 - `renamed_keywords`: a function's old keyword arguments, e.g. ``Sample.of(state_hash=...)``;
 - `renamed_fields`: an attrs class's old field names, as ``__init__`` keywords and as read-only
   attributes, e.g. ``Turn(state_hash=...)`` and ``turn.state_hash``;
-- `renamed_constants`: a module's old constant names, as its module ``__getattr__`` (PEP 562).
+- `renamed_constants`: a module's old constant names, as its module ``__getattr__`` (PEP 562);
+- `moved_names`: names that moved to another module, as the old module's ``__getattr__``, e.g.
+  ``from arl.rollout import ManagerConfig`` (now `arl.config`).
 
-Imports nothing of arl: any module may use it (`arl.algo`, which imports nothing of arl but
+Imports nothing of arl (`moved_names` imports the new module by name when an old name is used):
+any module may use it (`arl.algo`, which imports nothing of arl but
 itself, has its own copy of `renamed_keywords` in `arl.algo._groups`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -117,6 +121,30 @@ def renamed_constants(module: str, namespace: dict[str, Any], **renames: str) ->
         if name in renames:
             warn_renamed(f"{module}.{name}", f"{module}.{renames[name]}")
             return namespace[renames[name]]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+def moved_names(module: str, new_module: str, *names: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for public names that moved to ``new_module`` under the same name:
+    each of ``names`` is imported from there (on first use, so the old module does not load the new
+    one's dependencies until asked) with a DeprecationWarning naming the new place; other names raise
+    AttributeError. docs/architecture.md §10: a moved public name imports from its old place for
+    one release.
+
+    >>> __getattr__ = moved_names("old", "json", "dumps")
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     __getattr__("dumps")([1]), str(caught[0].message)
+    ('[1]', 'old.dumps is deprecated: use json.dumps')
+    """
+    moved = frozenset(names)
+
+    def __getattr__(name: str) -> Any:
+        if name in moved:
+            warn_renamed(f"{module}.{name}", f"{new_module}.{name}")
+            return getattr(importlib.import_module(new_module), name)
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__

@@ -26,6 +26,14 @@ import cattrs
 import yaml
 from attrs import validators as v
 
+__all__ = [  # the public names (docs/architecture.md §10; tests/test_public_api.py holds them to it)
+    "AGENT_SAMPLING", "BACKENDS", "CONFIG_DIR", "DEFAULT_MODEL", "DEMO_CONFIG", "FORK_AT", "MODES", "PRECISIONS",
+    "RENAMED_KEYS", "AlgoConfig", "ConfigError", "EngineConfig", "EvalConfig", "ForkConfig", "Granularity",
+    "KeepBranches", "LoRAConfig", "ManagerConfig", "OptimConfig", "ProxyConfig", "RolloutConfig", "RunExistsError",
+    "SFTConfig", "TrainConfig", "Transport", "apply_overrides", "load_config", "packaged_configs",
+    "read_config_data", "resolve_config_path", "structure", "to_yaml", "unstructure",
+]
+
 
 class ConfigError(ValueError):
     """A config file or override that does not describe a valid experiment."""

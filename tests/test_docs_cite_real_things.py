@@ -1,6 +1,6 @@
 """Every file path and every ``arl.`` name the docs and the code's comments cite exists.
 
-Docs drift when code moves: a page that names ``arl/envs/sandbox.py`` after the sandbox moved to
+Docs drift when code moves: a page that names ``arl/envs/bwrap.py`` after the sandbox moved to
 ``arl/sandbox/``, or ``tests/envs/test_games.py`` after the test was renamed, sends a reader to
 nothing. This test reads
 
@@ -323,7 +323,7 @@ def test_the_checker_catches_what_it_should() -> None:
     assert name_exists("arl.engine.SampledWith")
     assert not name_exists("arl.rollout.records.NoSuchThing")
     assert not name_exists("arl.no_such_module")
-    assert path_exists("configs/*.yaml") and not path_exists("arl/envs/sandbox.py")
+    assert path_exists("configs/*.yaml") and not path_exists("arl/envs/bwrap.py")
     assert problems_in("doc", ROOT / "docs" / "howto.md", [(1, "[x](architecture.md#no-such-heading)")])
     assert problems_in("code", ROOT / "arl" / "config.py", [(1, "docs/architecture.md §99")])
     assert not problems_in("code", ROOT / "arl" / "config.py", [(1, "docs/architecture.md §2")])

@@ -10,7 +10,8 @@ from typing import Any
 
 import attrs
 
-from arl.config import EngineConfig
+from arl._renamed import moved_names
+from arl.config import EngineConfig as _EngineConfig
 from arl.engine.base import (
     BaseEngine,
     Engine,
@@ -28,9 +29,10 @@ from arl.engine.base import (
 )
 
 
-def make_engine(config: EngineConfig | None = None, **overrides: Any) -> BaseEngine:
-    """Build the engine `config` describes (keyword overrides win over config fields)."""
-    config = attrs.evolve(config or EngineConfig(), **overrides)
+def make_engine(config: _EngineConfig | None = None, **overrides: Any) -> BaseEngine:
+    """Build the engine `config` (an `arl.config.EngineConfig`) describes (keyword overrides win over
+    config fields)."""
+    config = attrs.evolve(config or _EngineConfig(), **overrides)
     if config.dtype == "policy":  # a training config's "same as optim.precision": the trainer resolves it
         raise ValueError("engine dtype 'policy' means 'as optim.precision' and is resolved by the Trainer "
                          "(arl.train.precision.resolve_precision); an engine built on its own needs a dtype "
@@ -65,3 +67,7 @@ __all__ = [
     "BaseEngine", "Engine", "EngineClosedError", "EngineError", "EngineUnsupportedError",
     "Generation", "InvalidConstraintError", "InvalidPromptError", "LoRAAdapter", "OutputConstraint", "PromptTooLongError", "SampledWith", "SamplingParams", "make_engine",
 ]
+
+# EngineConfig and BACKENDS moved to arl.config with every config record: importable from here,
+# deprecated (docs/architecture.md §10)
+__getattr__ = moved_names(__name__, "arl.config", "BACKENDS", "EngineConfig")

@@ -61,10 +61,19 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """``Branch``, the old name of `ForkBranch`: still importable, deprecated."""
+    """Still importable, deprecated: ``Branch``, the old name of `ForkBranch`, and ``ManagerConfig``,
+    which moved to `arl.config` with every config record (docs/architecture.md §10)."""
     if name == "Branch":
         import warnings
 
         warnings.warn(f"{__name__}.Branch is deprecated: use {__name__}.ForkBranch", DeprecationWarning, stacklevel=2)
         return ForkBranch
+    if name == "ManagerConfig":
+        import warnings
+
+        from arl.config import ManagerConfig
+
+        warnings.warn(f"{__name__}.ManagerConfig is deprecated: use arl.config.ManagerConfig", DeprecationWarning,
+                      stacklevel=2)
+        return ManagerConfig
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
