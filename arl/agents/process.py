@@ -8,7 +8,9 @@ Any program that uses the stock `openai` client works: it is started with
 - ``ARL_RESULT_PATH`` = where to write its episode result as JSON (the fields of
   `EpisodeResult`: ``score``, ``success``, ``step_scores``, ``status``, ``exit_reason``, ...),
 
-in its own process group, with a *minimal* environment: the variables above, ``env_extra``, and
+in its own process group, under limits (``limits``, `push_limits`: CPU seconds, address space,
+file size and processes as rlimits it cannot raise, and as root all its processes together in a
+cgroup of their own, `arl.sandbox.cgroups`), with a *minimal* environment: the variables above, ``env_extra``, and
 only the harmless basics of the trainer's own environment (`INHERITED_ENV`: PATH, HOME, locale,
 TMPDIR, VIRTUAL_ENV, PYTHONPATH; more by name with ``inherit_env``), and agent frameworks'
 telemetry switched off (`TELEMETRY_OFF`, e.g. ``OPENAI_AGENTS_DISABLE_TRACING=1``; either of the
@@ -26,7 +28,13 @@ task is cancelled) it kills the whole group. Outcomes, all as data:
   the tail of the program's stderr in ``error``. Malformed includes a score that is not a
   finite number within `arl.agents.runner.MAX_ABS_SCORE`, a document past `MAX_RESULT_BYTES`
   or `MAX_RESULT_DEPTH`, and a result path that is not a regular file
-  (`EpisodeResult.from_bytes`).
+  (`EpisodeResult.from_bytes`). A return code that is a limit's signal says which limit.
+
+The agent controls its work dir, so what the trainer reads back is never opened by a name the
+agent chose: its stderr goes to an unnamed file the trainer made and reads through its own fd, and
+the result is opened relative to the dir fd taken before the spawn, non-blocking, without
+following a link, a regular file (under a uid, the agent's own) read bounded, in a worker thread.
+The work dir lies in a dir of the trainer's, so the agent cannot swap the dir itself either.
 
 Isolation (``isolation``; docs/threat_model.md, "Push-mode agents"): under ``"uid"`` each agent
 process runs as a uid of its own (`arl.sandbox.bwrap.fresh_uid`, its own group, no supplementary
@@ -47,6 +55,7 @@ See ``arl/agents/examples/gym_agent.py`` for such a program.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -61,8 +70,10 @@ from typing import Any
 import anyio
 
 from arl.agents.runner import MAX_RESULT_BYTES, AgentRunner, ChatClient, EpisodeResult
-from arl.sandbox.bwrap import fresh_uid, reap_uid
+from arl.sandbox.bwrap import fresh_uid, reap_uid, setpriv_argv
+from arl.sandbox.cgroups import Cgroup, cgroup_problem
 from arl.sandbox.hostfs import remove_tree
+from arl.sandbox.rlimits import SandboxLimits, limits_prefix
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +104,19 @@ RESPONSE_CACHE_DIRS = {"DSPY_CACHEDIR": "dspy", "DSP_CACHEDIR": "dsp"}
 # it ($HOME/.cache/<name>), so that no agent downloads its model or packages again per episode.
 MODEL_CACHE_DIRS = {"HF_HOME": "huggingface", "TORCH_HOME": "torch", "UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip"}
 ISOLATIONS = ("auto", "uid", "none")
+RESULT_NAME = "result.json"  # in the agent's work dir (ARL_RESULT_PATH)
+# An agent's default limits (`PushModeRunner` ``limits``; docs/threat_model.md): CPU seconds =
+# ``timeout_s``, and these. RLIMIT_AS per process: the example gym agent peaks at ~190 MiB, each
+# thread may reserve 64 MiB of malloc arena it never touches, agent frameworks import more (an
+# agent that imports torch passes its own). All its processes together, as root: a cgroup.
+AGENT_MEMORY_BYTES = 4 * 2**30
+AGENT_TOTAL_MEMORY_BYTES = 4 * 2**30
+AGENT_FILE_SIZE_BYTES = 256 * 2**20  # RLIMIT_FSIZE: any one file it writes, its stderr included
+AGENT_MAX_PROCS = 1024  # RLIMIT_NPROC (threads count) and the cgroup's pids.max, tool subprocesses included
+# the signals that a limit kills with, named in the error
+_LIMIT_SIGNALS = {signal.SIGXCPU: "SIGXCPU: past its CPU-time limit", signal.SIGXFSZ: "SIGXFSZ: past its file-size limit",
+                  signal.SIGKILL: "SIGKILL: past its memory or CPU limit, or killed"}
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 REAP_BOUND_S = 5.0  # how long the leftovers of an agent's uid may take to die
 _said: set[str] = set()  # why "auto" fell back to "none", said once per reason
 
@@ -164,6 +188,8 @@ def choose_isolation(isolation: str, command: Sequence[str], cwd: str | os.PathL
     why = None
     if os.geteuid() != 0:
         why = "the trainer is not root, so it cannot give each agent a uid of its own"
+    elif shutil.which("setpriv") is None and shutil.which("setpriv", path=os.defpath) is None:
+        why = "setpriv (util-linux), which drops an agent to its uid, is not installed"
     else:
         problems = unreachable_paths(command, cwd, path_env)
         if problems:
@@ -199,6 +225,7 @@ class PushModeRunner(AgentRunner):
         cwd: str | os.PathLike[str] | None = None,
         inherit_env: Sequence[str] = (),
         isolation: str = "auto",
+        limits: SandboxLimits | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(client, model)
         if not command:
@@ -214,6 +241,7 @@ class PushModeRunner(AgentRunner):
         self.base_url = base_url.rstrip("/")
         self.api_key = str(client.api_key)
         self.returncode: int | None = None
+        self.limits = push_limits(self.timeout_s, limits)
         path_env = self.env_extra.get("PATH", os.environ.get("PATH"))
         self.isolation, why = choose_isolation(isolation, self.command, cwd, path_env)
         if why is not None and why not in _said:
@@ -222,13 +250,19 @@ class PushModeRunner(AgentRunner):
                         "trainer: %s", why)
 
     async def run_job(self, seed: int) -> EpisodeResult:
-        workdir = Path(tempfile.mkdtemp(prefix="arl-agent-"))
-        result_path, stderr_path = workdir / "result.json", workdir / "stderr.txt"
+        # The episode's dir is the trainer's (0700, or 0711 for an agent uid to pass through); the
+        # agent's own home is the one dir inside it, so the agent cannot rename or replace it. What
+        # the trainer reads back after the agent exits it never opens by a name the agent chose:
+        # the stderr file has no name (created here, passed as the child's stderr, read back
+        # through the same fd) and the result is opened relative to a dir fd taken before the spawn.
+        episode_dir = Path(tempfile.mkdtemp(prefix="arl-agent-"))
+        workdir = episode_dir / "home"
+        workdir.mkdir(mode=0o700)
+        result_path = workdir / RESULT_NAME
         env = agent_env(self.inherit_env, self.env_extra, {
             "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
             "ARL_SEED": str(seed), "ARL_MODEL": self.model, "ARL_RESULT_PATH": str(result_path),
         })
-        as_user: dict[str, Any] = {}
         uid = None
         cache = workdir / "cache"
         cache.mkdir()
@@ -236,68 +270,126 @@ class PushModeRunner(AgentRunner):
             uid = fresh_uid()
             for path in (workdir, cache):
                 os.chown(path, uid, uid)  # still 0700: its own, and no one else's but root's
+            os.chmod(episode_dir, 0o711)  # root's; the agent may pass through it to its home only
             env["HOME"] = str(workdir)
-            as_user = {"user": uid, "group": uid, "extra_groups": []}
         env.update(cache_env(cache, env))  # after HOME is final: the model caches stay under it
         proc: asyncio.subprocess.Process | None = None
+        group: Cgroup | None = None
+        dir_fd = os.open(workdir, _DIR_FLAGS)
+        stderr = None
         try:
-            with open(stderr_path, "wb") as stderr:
-                proc = await asyncio.create_subprocess_exec(
-                    *self.command, env=env, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL, stderr=stderr, start_new_session=True, **as_user,
-                )
+            stderr = tempfile.TemporaryFile(dir=episode_dir)  # noqa: SIM115  # closed in the finally
+            # as in a Sandbox of isolation "none": join the cgroup (as root), drop to the uid, set
+            # the rlimits (which it cannot raise again), exec the command; each step a wrapper.
+            # The cgroup is made here, not in a thread: a few writes, and never lost to a cancel.
+            if os.geteuid() == 0 and cgroup_problem() is None:
                 try:
-                    self.returncode = await asyncio.wait_for(proc.wait(), self.timeout_s)
-                except TimeoutError:
-                    await _kill_group(proc)
-                    return self._tag(EpisodeResult(
-                        status="Timeout", exit_reason="timeout",
-                        error=f"agent process ran past {self.timeout_s:g}s and was killed",
-                    ))
-            return self._tag(self._result(result_path, _tail(stderr_path)))
+                    group = Cgroup.create(self.limits.total_memory_bytes, self.limits.max_procs)
+                except OSError as exc:
+                    if str(exc) not in _said:
+                        _said.add(str(exc))
+                        log.warning("push-mode agents run without a cgroup for their memory and processes: %s", exc)
+            argv = [*(_absolute(group.join_prefix()) if group is not None else []),
+                    *(_absolute(setpriv_argv(uid)) if uid is not None else []),
+                    *_absolute(limits_prefix(self.limits, _uid_tasks(os.getuid()) if os.geteuid() else 0)),
+                    *self.command]
+            proc = await asyncio.create_subprocess_exec(
+                *argv, env=env, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+            )
+            try:
+                self.returncode = await asyncio.wait_for(proc.wait(), self.timeout_s)
+            except TimeoutError:
+                await _kill_group(proc)
+                return self._tag(EpisodeResult(
+                    status="Timeout", exit_reason="timeout",
+                    error=f"agent process ran past {self.timeout_s:g}s and was killed",
+                ))
+            # bounded and non-blocking, but still file system work: in a worker thread, which the
+            # task waits for even when cancelled (the fds stay open until it is done)
+            raw, tail = await anyio.to_thread.run_sync(_collect, dir_fd, stderr.fileno(), uid)
+            return self._tag(self._result(raw, tail))
         finally:
             if proc is not None and proc.returncode is None:  # cancelled while waiting
                 await _kill_group(proc)
-            if uid is not None:  # what left the process group (a daemon) dies with the episode
-                with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
+                if uid is not None:  # what left the process group (a daemon) dies with the episode
                     await reap_uid(uid, REAP_BOUND_S)
+                if group is not None:  # its processes killed, then the cgroup removed
+                    await anyio.to_thread.run_sync(group.remove)
+            os.close(dir_fd)
+            if stderr is not None:
+                stderr.close()
             # whatever the agent left there (too deep for shutil.rmtree, 100k files): in a worker
             # thread, not on the event loop; the thread finishes it even if this task is cancelled
-            await asyncio.to_thread(remove_tree, workdir)
+            await asyncio.to_thread(remove_tree, episode_dir)
 
     def _tag(self, result: EpisodeResult) -> EpisodeResult:
         """The result says whether its agent ran under a uid of its own (1.0) or the trainer's (0.0)."""
         result.metrics = {**(result.metrics or {}), "isolated_uid": float(self.isolation == "uid")}
         return result
 
-    def _result(self, path: Path, stderr: str) -> EpisodeResult:
+    def _result(self, raw: bytes | OSError | ValueError, stderr: str) -> EpisodeResult:
+        """The episode's result from what `_collect` read: the result file's bytes, or why not."""
         failed = EpisodeResult(status="Failed", exit_reason="agent_error")
-        try:
-            result = EpisodeResult.from_bytes(_read_result(path))  # bounded, depth-checked, scores finite
-        except FileNotFoundError:
-            failed.error = f"agent exited with {self.returncode} without writing a result\n{stderr}".strip()
+        code = _describe(self.returncode)
+        if isinstance(raw, FileNotFoundError):
+            failed.error = f"agent exited with {code} without writing a result\n{stderr}".strip()
             return failed
-        except (ValueError, TypeError, OSError) as exc:  # OSError: a symlink, unreadable
+        try:
+            if isinstance(raw, (OSError, ValueError)):  # OSError: a symlink, unreadable
+                raise raw
+            result = EpisodeResult.from_bytes(raw)  # bounded, depth-checked, scores finite
+        except (ValueError, TypeError, OSError) as exc:
             failed.error = f"agent wrote a malformed result ({exc})\n{stderr}".strip()
             return failed
         if self.returncode != 0:
             result.status, result.exit_reason = "Failed", "agent_error"
-            result.error = f"agent exited with {self.returncode}\n{stderr}".strip()
+            result.error = f"agent exited with {code}\n{stderr}".strip()
         return result
 
 
-def _read_result(path: Path) -> bytes:
-    """The result file's bytes, at most `MAX_RESULT_BYTES` + 1 of them. The agent chose what is at
-    that path: a FIFO would block the event loop forever and /dev/zero would never end, so only a
-    regular file is read (opened non-blocking, checked with fstat, a symlink not followed)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _collect(dir_fd: int, stderr_fd: int, owner: int | None) -> tuple[bytes | OSError | ValueError, str]:
+    """(the result file's bytes, or the error that kept them from us; the stderr tail)."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raw: bytes | OSError | ValueError = _read_result(dir_fd, owner)
+    except (OSError, ValueError) as exc:
+        raw = exc
+    return raw, _tail(stderr_fd)
+
+
+def _read_result(dir_fd: int, owner: int | None = None) -> bytes:
+    """The result file's bytes, at most `MAX_RESULT_BYTES` + 1 of them. The agent chose what is in
+    its work dir (``dir_fd``): a FIFO would block the trainer in ``open()``, /dev/zero would never
+    end, a link would lead to a file of the trainer's. So the name is opened relative to the dir
+    the trainer made (a link in place of the dir changes nothing), non-blocking, without following
+    a link, and only a regular file is read; under an agent uid (``owner``) only one of its own
+    (a hard link to someone else's file is refused)."""
+    fd = os.open(RESULT_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise ValueError("the result path is not a regular file")
+        if owner is not None and st.st_uid != owner:
+            raise ValueError(f"the result file is not the agent's own (owner uid {st.st_uid})")
         with os.fdopen(os.dup(fd), "rb") as f:
             return f.read(MAX_RESULT_BYTES + 1)
     finally:
         os.close(fd)
+
+
+def push_limits(timeout_s: float, limits: SandboxLimits | Mapping[str, Any] | None = None) -> SandboxLimits:
+    """A push agent's limits: ``limits`` as given (a `SandboxLimits`), or the defaults (CPU seconds
+    = ``timeout_s``, `AGENT_MEMORY_BYTES`, `AGENT_TOTAL_MEMORY_BYTES`, `AGENT_FILE_SIZE_BYTES`,
+    `AGENT_MAX_PROCS`) with the fields a mapping names (a config's ``runner_kwargs.limits``)
+    replaced. Of its fields, ``cpu_s``, ``memory_bytes``, ``file_size_bytes``, ``max_procs`` and
+    ``total_memory_bytes`` apply; the wall time is ``timeout_s``."""
+    if isinstance(limits, SandboxLimits):
+        return limits
+    defaults: dict[str, Any] = {"wall_s": timeout_s, "cpu_s": timeout_s, "memory_bytes": AGENT_MEMORY_BYTES,
+                                "total_memory_bytes": AGENT_TOTAL_MEMORY_BYTES,
+                                "file_size_bytes": AGENT_FILE_SIZE_BYTES, "max_procs": AGENT_MAX_PROCS}
+    return SandboxLimits(**{**defaults, **dict(limits or {})})
 
 
 def agent_env(inherit: Sequence[str], extra: Mapping[str, str], protocol: Mapping[str, str]) -> dict[str, str]:
@@ -332,14 +424,41 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-def _tail(path: Path) -> str:
+def _tail(fd: int) -> str:
+    """The last `STDERR_TAIL` bytes of the stderr file ``fd`` (the trainer's own, unnamed, so
+    always a regular file), read by offset: the agent's own offset in it does not matter."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - STDERR_TAIL))
-            return f.read().decode("utf-8", errors="replace")
+        size = os.fstat(fd).st_size
+        start = max(0, size - STDERR_TAIL)
+        return os.pread(fd, size - start, start).decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def _uid_tasks(uid: int) -> int:
+    """How many tasks (threads) of ``uid`` the kernel lists now: what RLIMIT_NPROC counts. Not
+    root, an agent shares the trainer's uid, whose threads (a trainer may have hundreds) count
+    against the agent's process limit: they are added to it."""
+    tasks = 0
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # the process ended meanwhile
+                if entry.stat().st_uid == uid:
+                    tasks += len(os.listdir(f"/proc/{entry.name}/task"))
+    return tasks
+
+
+def _absolute(argv: list[str]) -> list[str]:
+    """``argv`` with its program looked up now, on the trainer's PATH (the agent's may lack it)."""
+    found = shutil.which(argv[0]) or shutil.which(argv[0], path=os.defpath)
+    return [found or argv[0], *argv[1:]]
+
+
+def _describe(returncode: int | None) -> str:
+    """A return code, and the limit a signal stands for where it is one of those."""
+    if returncode is not None and -returncode in _LIMIT_SIGNALS:
+        return f"{returncode} ({_LIMIT_SIGNALS[-returncode]})"
+    return str(returncode)
 
 
 def write_result(result: EpisodeResult | Mapping[str, Any], path: str | os.PathLike[str] | None = None) -> None:
