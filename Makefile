@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.arl-installed
 
-.PHONY: install test demo lint clean interop
+.PHONY: install test demo lint clean interop verl-fit
 
 install: $(STAMP)
 
@@ -24,6 +24,12 @@ test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl
 	$(MAKE) interop
+
+# verl's own training loop (python -m verl.trainer.main_ppo) on the CPU with arl inside it (issue 45):
+# arl/integrations/verl/examples/cpu_fit.sh for 3 steps + a checkpoint, then resumed for a 4th; the test
+# checks each stage in verl's logged metrics. Not part of `make test` (two Ray launches, minutes).
+verl-fit: $(VERL_STAMP)
+	ARL_VERL_FIT=1 $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl/test_verl_fit.py $(PYTEST_ARGS)
 
 # Four agent frameworks run unchanged against arl (tests/interop; pins: setup.cfg's `interop` extra):
 # push-mode agents under their own venv (.venv-interop), the in-process variant with the same pins in

@@ -6,6 +6,8 @@
 - `gigpo`: GiGPO per turn span and arl's GRPO on verl batches; `trainer`: the ``arl_sync`` v1
   trainer mode that runs ``algorithm.adv_estimator=arl_gigpo``.
 - `dataset`: one parquet row per env seed and group.
+- `cpu`: verl 0.9.1 on the CPU (a platform, three version-guarded patches, arl's HF engine as the
+  ``arl_hf`` rollout replica), so ``verl.trainer.main_ppo`` runs without a GPU (``examples/cpu_fit.sh``).
 - ``examples/``: the agent-loop YAML and a launch script (Sokoban GiGPO, Qwen2.5-0.5B-Instruct).
 
 Submodules import verl on first use; `setup_verl` is the Ray ``worker_process_setup_hook`` that

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # verl 0.9.1's own training loop (python -m verl.trainer.main_ppo) on the CPU: arl's FrozenLake
 # episodes, GiGPO (trainer mode arl_sync), the tiny model, FSDP2 actor + reference over gloo on
-# 2 logical workers, arl's HF engine as the rollout replica (weights synced after every step,
-# checked by arl's canary). See arl/integrations/verl/cpu/ and docs/verl.md.
+# 2 logical workers, arl's HF engine as the rollout replica (one replica over all workers: its
+# server is fed by rank 0 after every step, checked by arl's canary). See arl/integrations/verl/cpu/ and docs/verl.md.
 #   bash arl/integrations/verl/examples/cpu_fit.sh                   # 3 steps, checkpoint at the end
 #   STEPS=4 bash arl/integrations/verl/examples/cpu_fit.sh           # same OUT: resumes from the checkpoint
 # Env: OUT (run dir: data, checkpoints; default /tmp/arl-verl-cpu-fit), STEPS (total steps, 3),
@@ -46,6 +46,7 @@ exec "$PYTHON" -m verl.trainer.main_ppo \
   +actor_rollout_ref.actor.fsdp_config.mixed_precision="$FP32" \
   +actor_rollout_ref.ref.fsdp_config.mixed_precision="$FP32" \
   actor_rollout_ref.rollout.name=arl_hf actor_rollout_ref.rollout.mode=async \
+  actor_rollout_ref.rollout.tensor_model_parallel_size="$WORKERS" \
   actor_rollout_ref.rollout.n="$GROUP" actor_rollout_ref.rollout.calculate_log_probs=true \
   actor_rollout_ref.rollout.temperature=1.0 actor_rollout_ref.rollout.agent.num_workers=1 \
   actor_rollout_ref.rollout.agent.agent_loop_config_path=arl/integrations/verl/examples/agent_loops_cpu.yaml \
