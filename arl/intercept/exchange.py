@@ -13,7 +13,8 @@ stream is the Responses API's ``event:``/``data:`` events, without ``[DONE]``.
 
 There is no routing: a pipe belongs to one episode, so ``handler`` and ``episode_key`` are bound
 by whoever owns it (`responder`). Failures are answered, never raised, with the server's table:
-404 unknown route (its message lists `ENDPOINTS`), 405 wrong method, 400 body not JSON or not a
+404 unknown route (its message lists `ENDPOINTS`), 405 wrong method, 400 body not JSON, not
+UTF-8, holding a string that is not valid Unicode (`invalid_unicode`: the field named), or not a
 valid request, 413 body over ``max_body``, an `InterceptError`'s own status, 500 for anything
 else the handler raises.
 """
@@ -98,6 +99,55 @@ def route_reply(method: str, path: str, *, model_name: str = "arl") -> Reply | N
     )
 
 
+MAX_PATH = 200  # characters of a field path named in an error message
+
+
+def invalid_unicode(data: Any) -> str | None:
+    """The path (``messages[0].content``) of the first string in parsed JSON, value or key, that is
+    not valid Unicode, None when every one is. ``json.loads`` takes a lone surrogate escape
+    (``"\\ud800"``), and the bytes of one (decoded ``surrogatepass``), into a ``str`` that cannot be
+    encoded; whatever encodes it later (the tokenizer, the reply's serializer) then fails with a
+    500, so the exchange refuses it with a 400 first. A walk without recursion; ASCII strings cost
+    one ``isascii`` each."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if not _encodes(value):
+                return _path_text(path)
+        elif isinstance(value, dict):
+            items = list(value.items())
+            for key, _ in items:
+                if not _encodes(key):
+                    return _path_text((*path, key)) + " (a key)"
+            stack.extend((item, (*path, key)) for key, item in reversed(items))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, i)) for i, item in reversed(list(enumerate(value))))
+    return None
+
+
+def _encodes(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _path_text(path: tuple[Any, ...]) -> str:
+    parts = []
+    for part in path:
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        else:  # a key: shortened, its own bad characters escaped so the message itself encodes
+            key = part[:40].encode("utf-8", "backslashreplace").decode("utf-8")
+            parts.append(f".{key}" if parts else key)
+    text = "".join(parts) or "(the body)"
+    return text if len(text) <= MAX_PATH else f"{text[: MAX_PATH // 2]}...{text[-MAX_PATH // 2 :]}"
+
+
 async def exchange(handler: Handler, episode_key: str, method: str, path: str, body: bytes, *,
                    model_name: str = "arl", max_body: int = MAX_BODY) -> Reply:
     """The `Reply` `ProxyServer` would send for this request."""
@@ -110,8 +160,14 @@ async def exchange(handler: Handler, episode_key: str, method: str, path: str, b
             raise PayloadTooLarge(f"request body too large: {len(body)} bytes exceeds {max_body}")
         try:
             data = json.loads(body)
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"request body is not valid UTF-8: {exc}") from None
         except (ValueError, RecursionError) as exc:
             raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        where = invalid_unicode(data)
+        if where is not None:
+            raise BadRequest(f"request body is not valid Unicode: {where} holds a lone surrogate (an unpaired "
+                             f"\\ud800-\\udfff escape, or its UTF-8 bytes); send text as valid UTF-8", param=where)
         if path.split("?", 1)[0].rstrip("/") == RESPONSES_PATH:
             responses_request, response = await respond(handler, episode_key, data)
             request = responses_request.chat
@@ -152,4 +208,4 @@ def responder(client: Any, *, model_name: str | None = None) -> Respond:
 
 
 __all__ = ["CHAT_PATH", "ENDPOINTS", "MAX_BODY", "MODELS_PATH", "POST_PATHS", "RESPONSES_PATH", "Reply", "Respond", "answer", "exchange",
-           "responder", "route_reply", "supported_endpoints"]
+           "invalid_unicode", "responder", "route_reply", "supported_endpoints"]

@@ -109,6 +109,18 @@ class PayloadTooLarge(InterceptError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
 
 
+class SlowBody(InterceptError):
+    """The request body did not arrive in time (`ProxyServer`'s ``body_timeout``)."""
+
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
+class ServerBusy(InterceptError):
+    """Too many request bodies being read at once (`ProxyServer`'s ``max_pending_bodies``)."""
+
+    status, type, code = 503, "server_error", "server_busy"
+
+
 class EngineFailure(InterceptError):
     """The engine failed the request (the episode ends with exit reason "engine_error")."""
 

@@ -13,6 +13,18 @@ per-episode secret (``secrets.token_urlsafe(32)``), never the episode id: ids fo
 and an agent (or any local process) that could guess a sibling's key could write into that
 episode's trajectory. `close_episode` revokes a token (410 from then on).
 
+The server does not trust what reaches its port (any local process can connect). The token is
+checked before any body byte is read: a request without a known token gets its 401 / 404 / 410
+(and one whose ``Content-Length`` is over ``client_max_size`` its 413) at once, and the connection
+is closed after a short linger that discards what was sent (`LINGER_S`), so a client that sends
+most of a big body and stalls holds no memory. Bodies are read under two bounds: at most
+``max_pending_bodies`` at once (each up to ``client_max_size`` bytes, so at most their product is
+held by bodies still arriving; a request past the bound gets 503 at once, which the ``openai``
+client retries), and each within ``body_timeout`` seconds (408 after). A connection with no request
+in progress, including one that has not finished sending its headers, is closed after
+``idle_timeout`` seconds (aiohttp's ``keepalive_timeout``). The number of connections is not
+bounded (see docs/threat_model.md).
+
 Every failure is an OpenAI-shaped JSON error, never a crash, and the server keeps serving:
 
 ======  ==================================================================================
@@ -20,14 +32,19 @@ Every failure is an OpenAI-shaped JSON error, never a crash, and the server keep
 404     unknown token (never registered, unregistered, or guessed); unknown route (the
         message lists the supported endpoints; counted and logged once per route)
 405     wrong method on a known route
-400     body is not JSON, or not a valid chat-completions request (`parse_request`)
-413     body larger than ``client_max_size``
+400     body is not JSON, not UTF-8, holds a string that is not valid Unicode (a lone surrogate:
+        the message and ``param`` name the field, `exchange.invalid_unicode`), or is not a valid
+        chat-completions request (`parse_request`)
+408     the body did not arrive within ``body_timeout`` seconds (the connection is closed)
+413     body larger than ``client_max_size`` (by its ``Content-Length`` before it is read)
 410     the token's episode has ended (`close_episode`)
+503     ``max_pending_bodies`` bodies are already being read (the connection is closed)
 500     the handler raised something other than an `InterceptError` (its own status otherwise)
 ======  ==================================================================================
 
 ``stats`` counts every request (``requests``), the failed ones (``errors``), requests to
-unknown routes (``unknown_paths``), streamed replies (``streams``), and requests that set a
+unknown routes (``unknown_paths``), streamed replies (``streams``), bodies refused at the
+``max_pending_bodies`` bound (``busy``) or timed out (``body_timeouts``), and requests that set a
 field arl accepts without acting on it: ``noop_fields`` (reasoning-model settings, see
 `protocol.NOOP_FIELDS`) and ``unknown_fields``, each also per field as ``"noop_field:<name>"`` /
 ``"unknown_field:<name>"`` (`ChatHandler` logs each such field name once). The first request to
@@ -37,6 +54,7 @@ configures no logging).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import OrderedDict
@@ -58,6 +76,8 @@ from arl.intercept.protocol import (
     EpisodeClosed,
     InterceptError,
     PayloadTooLarge,
+    ServerBusy,
+    SlowBody,
     Unauthorized,
     UnknownEpisode,
     error_body,
@@ -65,6 +85,8 @@ from arl.intercept.protocol import (
 
 MAX_WARNED = 1024  # distinct unknown fields / routes counted by name and logged once
 MAX_CLOSED = 1 << 16  # closed episode keys remembered for their 410 (oldest forgotten first: then 404)
+
+LINGER_S = 1.0  # after answering without reading a body: seconds aiohttp reads and discards it before closing
 
 _log = logging.getLogger(__name__)
 
@@ -91,21 +113,36 @@ class ProxyServer:
 
     ``async with ProxyServer() as server: server.register(episode_key, handler); ...``. ``port=0``
     takes an ephemeral port; `base_url` is ``http://127.0.0.1:<port>/v1``.
+
+    The limits on untrusted clients (the module doc): ``client_max_size`` bytes per body (413);
+    ``max_pending_bodies`` bodies read at once (503 past it; at most ``max_pending_bodies *
+    client_max_size`` bytes, 256 MiB by default, held by bodies still arriving); ``body_timeout``
+    seconds for a body to arrive (408); ``idle_timeout`` seconds before a connection without a
+    request in progress is closed. Requests without a known bearer token never reach a body read.
     """
 
     def __init__(
         self, host: str = "127.0.0.1", port: int = 0, *, client_max_size: int = 4 * 2**20,
-        model_name: str = "arl",
+        model_name: str = "arl", max_pending_bodies: int = 64, body_timeout: float = 30.0,
+        idle_timeout: float = 75.0,
     ) -> None:
+        if max_pending_bodies < 1 or not body_timeout > 0 or not idle_timeout > 0:
+            raise ValueError(f"max_pending_bodies must be >= 1 and the timeouts > 0, got {max_pending_bodies}, "
+                             f"{body_timeout}, {idle_timeout}")
         self.host = host
         self.port = port
         self.client_max_size = client_max_size
         self.model_name = model_name
+        self.max_pending_bodies = max_pending_bodies
+        self.body_timeout = body_timeout
+        self.idle_timeout = idle_timeout
+        self._reading = 0  # bodies being read now
         self._handlers: dict[str, Handler] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
         self._runner: web.AppRunner | None = None
         self.stats: dict[str, int] = {
             "requests": 0, "errors": 0, "unknown_paths": 0, "streams": 0, "noop_fields": 0, "unknown_fields": 0,
+            "busy": 0, "body_timeouts": 0,
         }
         self._warned: set[str] = set()  # field names counted by name, routes logged once
 
@@ -117,7 +154,8 @@ class ProxyServer:
         app.router.add_post(CHAT_PATH, self._post)
         app.router.add_post(RESPONSES_PATH, self._post)
         app.router.add_route("*", "/{path:.*}", self._other)  # models, 404s and 405s: `route_reply`
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=self.idle_timeout,
+                               lingering_time=LINGER_S)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         try:
@@ -221,12 +259,48 @@ class ProxyServer:
             self.stats["streams"] += 1
         return reply
 
-    async def _post(self, request: web.Request) -> web.StreamResponse:
+    async def _read_body(self, request: web.Request, authorization: str) -> bytes | Reply | None:
+        """The request's body (None: over ``client_max_size``), or the `Reply` that refuses it
+        unread: no known token (the `dispatch` of an empty body answers what the token gets), a
+        ``Content-Length`` over the limit, ``max_pending_bodies`` reached. 408 when it does not
+        arrive within ``body_timeout``."""
         try:
-            raw: bytes | None = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raw = None
-        reply = await self.dispatch(request.method, request.path, request.headers.get("Authorization", ""), raw)
+            self._route(authorization)
+        except InterceptError:
+            return await self.dispatch(request.method, request.path, authorization, b"")
+        if request.content_length is not None and request.content_length > self.client_max_size:
+            return await self.dispatch(request.method, request.path, authorization, None)
+        refused: InterceptError
+        if self._reading >= self.max_pending_bodies:
+            self.stats["busy"] += 1
+            refused = ServerBusy(f"the proxy is reading {self._reading} request bodies (max_pending_bodies); "
+                                 f"retry shortly")
+        else:
+            self._reading += 1
+            try:
+                async with asyncio.timeout(self.body_timeout):
+                    return await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return None
+            except TimeoutError:
+                self.stats["body_timeouts"] += 1
+                refused = SlowBody(f"the request body did not arrive within {self.body_timeout}s (body_timeout)")
+            finally:
+                self._reading -= 1
+        self.stats["requests"] += 1
+        self.stats["errors"] += 1
+        return Reply(refused.status, json.dumps(refused.to_json()).encode())
+
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        authorization = request.headers.get("Authorization", "")
+        raw = await self._read_body(request, authorization)
+        if isinstance(raw, Reply):  # answered without (all of) its body: the connection is not reused
+            response = web.Response(status=raw.status, body=raw.body, content_type="application/json")
+            if raw.status == 503:
+                response.headers["Retry-After"] = "1"
+            response.force_close()
+            return response
+        reply = await self.dispatch(request.method, request.path, authorization, raw)
         if reply.events is None:
             return web.Response(status=reply.status, body=reply.body, content_type="application/json")
         response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
