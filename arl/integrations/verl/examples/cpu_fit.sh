@@ -30,6 +30,7 @@ export VERL_USE_EXTERNAL_MODULES=arl.integrations.verl.cpu VERL_PLATFORM=cpu
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RAY_DEDUP_LOGS=0
 FP32='{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}'
 exec "$PYTHON" -m verl.trainer.main_ppo \
+  hydra.run.dir="$OUT/hydra" \
   +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=arl.integrations.verl.setup_verl \
   +ray_kwargs.ray_init.num_cpus=16 +ray_kwargs.ray_init.num_gpus="$WORKERS" \
   +ray_kwargs.ray_init.include_dashboard=false \
