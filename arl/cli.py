@@ -3,6 +3,7 @@
     arl train CONFIG [key=value ...] [--resume|--overwrite|--print-config]
                                               train: CONFIG is a YAML path or a packaged name (`arl configs`)
     arl eval MODEL [--config CONFIG] [...]    a model or checkpoint on a game's validation seeds
+                                              (--seeds A:B --attempts N --out DIR: pass@k, resumable)
     arl demo [key=value ...]                  the README's demo (see `arl demo --help`)
     arl configs                               the packaged configs and the command that runs each
     arl view RUN_DIR                          a run directory as one HTML report
@@ -131,27 +132,77 @@ async def _train(config, resume: bool) -> list[dict]:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    metrics = asyncio.run(_eval(args))
+    from arl.rollout.evaluate import EvalDirError, format_report
+
+    try:  # a bad seed list, seeds file or count
+        if args.concurrency < 1:
+            raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
+        settings = eval_settings(args)
+    except (ValueError, OSError) as exc:
+        print(f"arl eval: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = asyncio.run(_eval(args, settings))
+    except EvalDirError as exc:  # a results directory these settings cannot start or resume
+        print(f"arl eval: {exc}", file=sys.stderr)
+        return 2
+    metrics = report.metrics()
     for key in sorted(metrics):
         print(f"{key:<28} {metrics[key]:.3f}")
+    out = args.out or args.resume
+    if out is not None:
+        print(format_report(report))
+        print(f"results: {out / 'results.jsonl'}")
+    if report.all_errored:
+        first = report.rows[0]
+        print(f"arl eval: every rollout failed ({report.errors}); the first: {first['exit_reason']}: "
+              f"{first.get('error') or 'no error text'}", file=sys.stderr)
+        return 1
     return 0
 
 
-async def _eval(args: argparse.Namespace) -> dict:
-    from arl.engine import make_engine
-    from arl.rollout.factory import close_manager, make_manager, make_scheduler
-    from arl.train import evaluation_metrics
+def eval_settings(args: argparse.Namespace) -> Any:
+    """The `EvalSettings` `arl eval`'s flags resolve to: `eval_rollout`, and the panel of
+    ``--seeds``, ``--seeds-file`` or the first ``--num-seeds`` validation seeds."""
+    from arl.rollout.evaluate import EvalSettings, default_seeds, parse_seeds, read_seeds_file
 
-    rollout = eval_rollout(args)
+    if args.seeds is not None:
+        seeds = parse_seeds(args.seeds)
+    elif args.seeds_file is not None:
+        seeds = read_seeds_file(args.seeds_file)
+    else:
+        seeds = default_seeds(args.num_seeds)
+    return EvalSettings(model=args.model, backend=args.backend, rollout=eval_rollout(args), seeds=seeds,
+                        attempts=args.attempts)
+
+
+async def _eval(args: argparse.Namespace, settings: Any) -> Any:
+    from tqdm import tqdm
+
+    from arl.engine import make_engine
+    from arl.rollout.evaluate import evaluate, is_error, pending, prepare_dir
+
+    out = args.out or args.resume
+    # the directory checked and started before the engine loads; `evaluate` then resumes it
+    rows = prepare_dir(settings, out, resume=args.resume is not None) if out is not None else None
+    total = len(pending(settings, rows or []))
     route_torch_logs()
-    async with make_engine(backend=args.backend, model=args.model) as engine:
-        manager = make_manager(engine, rollout)
-        groups = make_scheduler(rollout)
-        try:
-            batch = await groups.run(manager, groups.val_specs(num_seeds=args.num_seeds))
-        finally:
-            await close_manager(manager)
-    return evaluation_metrics(batch.metrics)
+    # the bar on a terminal only (disable=None): piped output stays the results alone
+    bar = tqdm(total=total, unit="rollout", desc="eval", disable=None, dynamic_ncols=True)
+    errors = 0
+
+    def on_row(row: dict) -> None:
+        nonlocal errors
+        errors += is_error(row)
+        bar.set_postfix(errors=errors, refresh=False)
+        bar.update()
+
+    try:
+        async with make_engine(backend=args.backend, model=args.model) as engine:
+            return await evaluate(engine, settings, out=out, resume=out is not None, concurrency=args.concurrency,
+                                  on_row=on_row)
+    finally:
+        bar.close()
 
 
 def eval_rollout(args: argparse.Namespace) -> Any:
@@ -357,7 +408,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compact style: a system turn with this text first ('' an empty one, as the SmolLM2 configs use)")
     p.add_argument("--env-kwargs", default=None, type=json.loads,
                    help='JSON for the game, e.g. \'{"cell_separator": " "}\' (what the SmolLM2 configs use)')
-    p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf"])
+    p.add_argument("--backend", default="vllm", choices=["vllm", "vllm-async", "hf", "scripted"],
+                   help="scripted: random actions without a model (a dry run of the panel and its directory)")
+    seeds = p.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", default=None, metavar="A:B",
+                       help="the env seeds A .. B-1 (default: the first --num-seeds of the trainer's validation panel)")
+    seeds.add_argument("--seeds-file", default=None, type=Path, metavar="FILE", help="env seeds, one integer a line")
+    p.add_argument("--attempts", type=int, default=1, metavar="N",
+                   help="episodes per seed, each with its own sampling seeds: success c of N per seed, pass@1..N")
+    p.add_argument("--concurrency", type=int, default=64, metavar="C", help="episodes in flight (default 64)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", default=None, type=Path, metavar="DIR",
+                       help="stream one row per rollout to DIR/results.jsonl, the settings to DIR/config.yaml")
+    where.add_argument("--resume", default=None, type=Path, metavar="DIR",
+                       help="finish DIR: play only its missing and errored rollouts (the same flags as the run "
+                            "that started it; other settings are refused, exit 2)")
     p.set_defaults(func=_cmd_eval)
 
     p = command("demo", "the README demo: the tiny model learns FrozenLake on a CPU (~6 min), into a new run "

@@ -1,0 +1,380 @@
+"""Evaluation panels: seeds x attempts on an engine, pass@k, and a results directory that resumes.
+
+    settings = EvalSettings(model="tiny", backend="hf", rollout=rollout, seeds=(1, 2, 3), attempts=4)
+    report = await evaluate(engine, settings, out="evals/x", concurrency=32)   # or resume=True
+    report.pass_at_k[1], report.success_rate, report.exits
+
+A *task* is one env seed of the panel; each of its ``attempts`` episodes is a rollout of its own
+(`EpisodeSpec` group ``val_{i}_{seed}``, ``episode_id`` = the attempt), so each attempt draws
+its own sampling seeds (`arl.rollout.base.request_seed` hashes both in); attempt 0 of the
+default panel is the episode the trainer's validation plays (`GroupScheduler.val_specs`).
+
+With ``out``, the directory holds ``config.yaml`` (the resolved settings and their ``digest``)
+and ``results.jsonl``, one line per finished rollout, appended and flushed as each ends (a crash
+loses only the rollouts in flight). ``resume=True`` re-reads it, refuses (`EvalDirError`) when
+the settings' digest differs, and plays only the (seed, attempt) pairs that are missing or
+whose last row ended in an error (`ERROR_EXITS`); the file stays append-only and the
+aggregation reads the last row of each pair. Concurrency is not a setting of the results: it
+may change between a run and its resume.
+
+An errored rollout counts as a failure (score 0) in every rate and in pass@k, and is counted in
+`EvalReport.errors`, so a flaky engine lowers the numbers visibly rather than shrinking the panel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import yaml
+
+from arl.config import RolloutConfig, unstructure
+from arl.rollout.base import EnvManager, Episode, EpisodeSpec
+from arl.rollout.factory import close_manager, make_manager
+from arl.rollout.records import EXIT_REASONS
+from arl.rollout.scheduler import VAL_BASE_SEED
+
+CONFIG_FILE = "config.yaml"
+RESULTS_FILE = "results.jsonl"
+
+# Exit reasons (arl.rollout.records.EXIT_REASONS) that say the rollout failed to run, not that the
+# model failed the task: `resume` plays them again. max_length, invalid_prompt and no_data are
+# outcomes a rerun reproduces, so they are scored, not retried.
+ERROR_EXITS = frozenset({"env_error", "engine_error", "timeout", "agent_error", "internal_error"})
+assert ERROR_EXITS <= EXIT_REASONS
+
+
+class EvalDirError(ValueError):
+    """A results directory that cannot be written or resumed with these settings."""
+
+
+# ----------------------------------------------------------------------------------------------
+# pass@k
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task from n attempts of which c succeeded (Chen et al. 2021, §2.1):
+
+        pass@k = 1 - C(n - c, k) / C(n, k)
+
+    the chance that k attempts drawn without replacement from the n include a success. Its mean
+    over tasks estimates the chance that k fresh attempts solve a task, without the bias of
+    1 - (1 - c/n)^k. Edge cases: c = 0 gives 0; n - c < k (fewer failures than k, so every draw
+    of k holds a success) gives 1; k > n is undefined (ValueError).
+
+    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 2), pass_at_k(4, 0, 3), pass_at_k(4, 2, 3)
+    (0.25, 0.5, 0.0, 1.0)
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+# ----------------------------------------------------------------------------------------------
+# settings and the panel
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"A:B"``, the half-open range A .. B - 1.
+
+    >>> parse_seeds("3:6")
+    (3, 4, 5)
+    """
+    start, sep, stop = text.partition(":")
+    try:
+        seeds = tuple(range(int(start), int(stop))) if sep else ()
+    except ValueError:
+        seeds = ()
+    if not seeds:
+        raise ValueError(f"--seeds {text!r}: expected A:B with integers A < B (the seeds A .. B-1)")
+    return seeds
+
+
+def read_seeds_file(path: str | Path) -> tuple[int, ...]:
+    """One integer per line; blank lines and ``#`` comments skipped; duplicates refused."""
+    seeds = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            seeds.append(int(line))
+        except ValueError:
+            raise ValueError(f"{path}:{number}: {line!r} is not an integer seed") from None
+    if not seeds:
+        raise ValueError(f"{path}: no seeds in it")
+    repeated = [s for s, n in Counter(seeds).items() if n > 1]
+    if repeated:
+        raise ValueError(f"{path}: seeds listed twice: {repeated[:5]}")
+    return tuple(seeds)
+
+
+def default_seeds(num_seeds: int = 256) -> tuple[int, ...]:
+    """The trainer's validation panel (`GroupScheduler.val_specs`)."""
+    return tuple(range(VAL_BASE_SEED, VAL_BASE_SEED + num_seeds))
+
+
+@attrs.frozen
+class EvalSettings:
+    """What decides an evaluation's results (its digest): the model, the engine backend, the
+    rollout (game, mode, sampling, prompts), the seeds and the attempts per seed."""
+
+    model: str
+    backend: str
+    rollout: RolloutConfig
+    seeds: tuple[int, ...] = attrs.field(converter=tuple)
+    attempts: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "backend": self.backend, "seeds": list(self.seeds), "attempts": self.attempts,
+                "rollout": unstructure(self.rollout)}  # type: ignore[arg-type]
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def specs(self) -> list[EpisodeSpec]:
+        """Every rollout, task-major: (seed, attempt 0), (seed, attempt 1), ..."""
+        return [EpisodeSpec(env_id=self.rollout.env_id, seed=seed, group_id=f"val_{i}_{seed}", episode_id=a, tag="val")
+                for i, seed in enumerate(self.seeds) for a in range(self.attempts)]
+
+
+# ----------------------------------------------------------------------------------------------
+# results
+
+
+def result_row(episode: Episode, attempt: int) -> dict[str, Any]:
+    """One line of results.jsonl for a finished rollout."""
+    t = episode.trajectory
+    judged = [turn for turn in t.turns if "action_valid" in turn.info]
+    return {
+        "seed": t.seed, "attempt": attempt, "score": t.episode_score, "success": bool(t.success),
+        "exit_reason": t.exit_reason, "status": t.status, "error": t.error, "turns": len(t.turns),
+        "tokens": sum(len(turn.response_ids) for turn in t.turns),
+        "prompt_tokens": sum(len(turn.prompt_ids) for turn in t.turns),
+        "actions_valid": sum(bool(turn.info["action_valid"]) for turn in judged), "actions_judged": len(judged),
+        "wall_s": round(t.timings.get("total", 0.0), 4),
+    }
+
+
+def is_error(row: dict[str, Any]) -> bool:
+    return row.get("exit_reason") in ERROR_EXITS
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a results.jsonl; a line cut short by a crash is skipped."""
+    rows = []
+    path = Path(path)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and "seed" in row and "attempt" in row:
+                rows.append(row)
+    return rows
+
+
+def last_rows(rows: Iterable[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """The last row of each (seed, attempt): a resumed rollout replaces the errored one."""
+    return {(int(r["seed"]), int(r["attempt"])): r for r in rows}
+
+
+@attrs.define
+class EvalReport:
+    """The aggregate of one row per (seed, attempt) of the panel."""
+
+    rows: list[dict[str, Any]]  # one per (seed, attempt) played, task-major
+    attempts: int
+    pass_at_k: dict[int, float]  # k -> mean over tasks with all `attempts` rows
+    success_rate: float | None
+    mean_score: float | None
+    mean_turns: float | None
+    valid_action_rate: float | None
+    exits: dict[str, int]
+    errors: int
+    missing: int  # (seed, attempt) pairs of the panel without a row
+    tokens: int
+    wall_s: float  # summed over rollouts (their own time, not the run's)
+    tasks: list[dict[str, Any]]  # per seed: n, c, mean score
+    elapsed_s: float = 0.0  # this call's wall time (`evaluate`)
+    played: int = 0  # rollouts this call played (a resume: the pending ones)
+
+    @property
+    def all_errored(self) -> bool:
+        return bool(self.rows) and self.errors == len(self.rows)
+
+    def metrics(self) -> dict[str, float]:
+        """The eval/ metrics `arl eval` printed before panels (and the trainer logs), plus pass@k."""
+        out = {"eval/num_episodes": float(len(self.rows))}
+        for key, value in (("success_rate", self.success_rate), ("mean_episode_score", self.mean_score),
+                           ("mean_turns", self.mean_turns), ("valid_action_rate", self.valid_action_rate)):
+            if value is not None:
+                out[f"eval/{key}"] = value
+        if self.attempts > 1:
+            out.update({f"eval/pass@{k}": v for k, v in self.pass_at_k.items()})
+        return out
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return float(sum(xs) / len(xs)) if xs else None
+
+
+def aggregate(settings: EvalSettings, rows: Iterable[dict[str, Any]]) -> EvalReport:
+    """The report of the panel's last rows (rows of other seeds or attempts are ignored)."""
+    latest = last_rows(rows)
+    panel = [(s, a) for s in settings.seeds for a in range(settings.attempts)]
+    played = [latest[key] for key in panel if key in latest]
+    ok = [not is_error(r) and bool(r["success"]) for r in played]
+    tasks = []
+    for seed in settings.seeds:
+        mine = [latest[(seed, a)] for a in range(settings.attempts) if (seed, a) in latest]
+        if mine:
+            c = sum(not is_error(r) and bool(r["success"]) for r in mine)
+            tasks.append({"seed": seed, "n": len(mine), "c": c,
+                          "mean_score": _mean([0.0 if is_error(r) else float(r["score"]) for r in mine])})
+    complete = [t for t in tasks if t["n"] == settings.attempts]
+    judged = sum(r.get("actions_judged", 0) for r in played)
+    return EvalReport(
+        rows=played, attempts=settings.attempts,
+        pass_at_k={k: sum(pass_at_k(t["n"], t["c"], k) for t in complete) / len(complete)
+                   for k in range(1, settings.attempts + 1)} if complete else {},
+        success_rate=_mean([float(x) for x in ok]),
+        mean_score=_mean([0.0 if is_error(r) else float(r["score"]) for r in played]),
+        mean_turns=_mean([float(r["turns"]) for r in played]),
+        valid_action_rate=sum(r.get("actions_valid", 0) for r in played) / judged if judged else None,
+        exits=dict(sorted(Counter(r["exit_reason"] for r in played).items())),
+        errors=sum(is_error(r) for r in played), missing=len(panel) - len(played),
+        tokens=sum(int(r.get("tokens", 0)) for r in played), wall_s=sum(float(r.get("wall_s", 0.0)) for r in played),
+        tasks=tasks,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# the results directory
+
+
+def prepare_dir(settings: EvalSettings, out: str | Path, resume: bool) -> list[dict[str, Any]]:
+    """Make ``out`` ready for ``settings`` and return the rows already there (none unless resuming).
+
+    A new run needs a directory without results; a resume needs one whose config.yaml has the
+    same digest. Either refusal is an `EvalDirError` that says what to do."""
+    out = Path(out)
+    config, results = out / CONFIG_FILE, out / RESULTS_FILE
+    if resume:
+        if not config.exists():
+            raise EvalDirError(f"{out} holds no {CONFIG_FILE}: nothing to resume (start it with --out {out})")
+        saved = yaml.safe_load(config.read_text()) or {}
+        if saved.get("digest") != settings.digest:
+            mine = settings.as_dict()
+            changed = sorted(k for k in set(mine) | set(saved.get("settings", {}))
+                             if mine.get(k) != saved.get("settings", {}).get(k))
+            raise EvalDirError(
+                f"{out} was evaluated with other settings (digest {saved.get('digest')}, these give {settings.digest}; "
+                f"differing: {', '.join(changed) or 'unknown'}): resume it with the command that started it "
+                f"(see {config}), or evaluate into a new directory with --out")
+        return read_rows(results)
+    if results.exists() and results.stat().st_size:
+        raise EvalDirError(f"{out} already holds results ({results}): continue it with --resume {out}, "
+                           "or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    config.write_text(yaml.safe_dump({"digest": settings.digest, "settings": settings.as_dict()}, sort_keys=False))
+    return []
+
+
+def pending(settings: EvalSettings, rows: Iterable[dict[str, Any]]) -> list[EpisodeSpec]:
+    """The panel's rollouts without a row, or whose last row is an error."""
+    latest = last_rows(rows)
+    return [s for s in settings.specs()
+            if (s.seed, s.episode_id) not in latest or is_error(latest[(s.seed, s.episode_id)])]
+
+
+async def evaluate(
+    engine: Any,
+    settings: EvalSettings,
+    *,
+    out: str | Path | None = None,
+    resume: bool = False,
+    concurrency: int = 64,
+    manager: EnvManager | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> EvalReport:
+    """Play the panel's rollouts (with ``resume``, only those `pending`) on ``engine``, at most
+    ``concurrency`` at once, streaming each row to ``out/results.jsonl`` and to ``on_row``.
+    ``manager``: one built elsewhere (default: `make_manager` of ``settings.rollout``)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if resume and out is None:
+        raise ValueError("resume needs the results directory (out)")
+    before = prepare_dir(settings, out, resume) if out is not None else []
+    todo = pending(settings, before)
+    rows = list(before)
+    own = manager is None
+    manager = make_manager(engine, settings.rollout) if manager is None else manager
+    limiter = anyio.CapacityLimiter(concurrency)
+    sink = open(Path(out) / RESULTS_FILE, "a+") if out is not None else None  # noqa: SIM115 -- closed below
+    if sink is not None and sink.tell():  # a line cut short by a crash: end it, so the next row is whole
+        sink.seek(sink.tell() - 1)
+        if sink.read(1) != "\n":
+            sink.write("\n")
+
+    async def one(spec: EpisodeSpec) -> None:
+        async with limiter:
+            episode = await manager.run_episode(spec)
+        row = result_row(episode, spec.episode_id)
+        rows.append(row)
+        if sink is not None:
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+        if on_row is not None:
+            on_row(row)
+
+    start = time.perf_counter()
+    try:
+        async with anyio.create_task_group() as tg:
+            for spec in todo:
+                tg.start_soon(one, spec)
+    finally:
+        if sink is not None:
+            sink.close()
+        if own:
+            await close_manager(manager)
+    report = aggregate(settings, rows)
+    report.elapsed_s = time.perf_counter() - start
+    report.played = len(todo)
+    return report
+
+
+def format_report(report: EvalReport) -> str:
+    """The table `arl eval` prints at the end."""
+    pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
+    lines = [f"{'rollouts':<18} {len(report.rows)} ({len(report.tasks)} tasks x {report.attempts} attempts"
+             + (f", {report.missing} missing" if report.missing else "") + ")"]
+    for k, v in report.pass_at_k.items():
+        lines.append(f"{f'pass@{k}':<18} {v:.1%}")
+    lines.append(f"{'success':<18} {pct(report.success_rate)}")
+    lines.append(f"{'mean score':<18} {'-' if report.mean_score is None else f'{report.mean_score:.3f}'}")
+    lines.append(f"{'errors':<18} {report.errors}")
+    lines.append(f"{'exits':<18} " + ", ".join(f"{k} {n}" for k, n in report.exits.items()))
+    lines.append(f"{'tokens':<18} {report.tokens} generated")
+    lines.append(f"{'wall time':<18} {report.elapsed_s:.1f} s for {report.played} rollouts played now; "
+                 f"{report.wall_s:.1f} s summed over all rollouts")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "ERROR_EXITS", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "evaluate",
+    "format_report", "is_error", "last_rows", "parse_seeds", "pass_at_k", "pending", "prepare_dir", "read_rows",
+    "read_seeds_file", "result_row",
+]
