@@ -152,7 +152,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     out = args.out or args.resume
     if out is not None:
         print(format_report(report))
-        print(f"results: {out / 'results.jsonl'}")
+        print(f"results: {out / 'results.jsonl'}; per task: {out / 'summary.json'}")
     if report.all_errored:
         first = report.rows[0]
         print(f"arl eval: every rollout failed ({report.errors}); the first: {first['exit_reason']}: "

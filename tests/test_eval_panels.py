@@ -71,6 +71,9 @@ def test_panel_of_seeds_and_attempts_writes_a_row_per_rollout_and_resumes(tmp_pa
     assert sorted((r["seed"], r["attempt"]) for r in rows) == [(s, a) for s in range(4) for a in range(3)]
     assert {"score", "success", "exit_reason", "status", "error", "turns", "tokens", "wall_s"} <= set(rows[0])
     assert (out / "config.yaml").exists() and "pass@3" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert [t["seed"] for t in summary["tasks"]] == [0, 1, 2, 3] and all(t["n"] == 3 for t in summary["tasks"])
+    assert sum(t["c"] for t in summary["tasks"]) == sum(r["success"] for r in rows)
     values = dict(line.split() for line in printed.splitlines() if line.startswith("eval/"))
     assert float(values["eval/num_episodes"]) == 12
     # pass@k as the rows say it

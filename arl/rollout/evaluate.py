@@ -9,9 +9,10 @@ A *task* is one env seed of the panel; each of its ``attempts`` episodes is a ro
 its own sampling seeds (`arl.rollout.base.request_seed` hashes both in); attempt 0 of the
 default panel is the episode the trainer's validation plays (`GroupScheduler.val_specs`).
 
-With ``out``, the directory holds ``config.yaml`` (the resolved settings and their ``digest``)
-and ``results.jsonl``, one line per finished rollout, appended and flushed as each ends (a crash
-loses only the rollouts in flight). ``resume=True`` re-reads it, refuses (`EvalDirError`) when
+With ``out``, the directory holds ``config.yaml`` (the resolved settings and their ``digest``),
+``results.jsonl``, one line per finished rollout, appended and flushed as each ends (a crash
+loses only the rollouts in flight), and at the end ``summary.json`` (the metrics, exit reasons
+and one row per task: seed, n, c, mean score). ``resume=True`` re-reads it, refuses (`EvalDirError`) when
 the settings' digest differs, and plays only the (seed, attempt) pairs that are missing or
 whose last row ended in an error (`ERROR_EXITS`); the file stays append-only and the
 aggregation reads the last row of each pair. Concurrency is not a setting of the results: it
@@ -44,6 +45,7 @@ from arl.rollout.scheduler import VAL_BASE_SEED
 
 CONFIG_FILE = "config.yaml"
 RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.json"  # the report of the last run or resume: metrics, exits, per-task rows
 
 # Exit reasons (arl.rollout.records.EXIT_REASONS) that say the rollout failed to run, not that the
 # model failed the task: `resume` plays them again. max_length, invalid_prompt and no_data are
@@ -353,6 +355,10 @@ async def evaluate(
     report = aggregate(settings, rows)
     report.elapsed_s = time.perf_counter() - start
     report.played = len(todo)
+    if out is not None:
+        summary = {"digest": settings.digest, "metrics": report.metrics(), "exits": report.exits,
+                   "errors": report.errors, "missing": report.missing, "tokens": report.tokens, "tasks": report.tasks}
+        (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     return report
 
 
@@ -374,7 +380,7 @@ def format_report(report: EvalReport) -> str:
 
 
 __all__ = [
-    "ERROR_EXITS", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "evaluate",
+    "CONFIG_FILE", "ERROR_EXITS", "RESULTS_FILE", "SUMMARY_FILE", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "evaluate",
     "format_report", "is_error", "last_rows", "parse_seeds", "pass_at_k", "pending", "prepare_dir", "read_rows",
     "read_seeds_file", "result_row",
 ]
