@@ -13,7 +13,8 @@ stream is the Responses API's ``event:``/``data:`` events, without ``[DONE]``.
 
 There is no routing: a pipe belongs to one episode, so ``handler`` and ``episode_key`` are bound
 by whoever owns it (`responder`). Failures are answered, never raised, with the server's table:
-404 unknown route (its message lists `ENDPOINTS`), 405 wrong method, 400 body not JSON, not
+404 unknown route (its message lists `ENDPOINTS`, after what to use instead for the routes
+frameworks call that arl does not serve, `UNSERVED`: ``/v1/completions``, ``/v1/conversations``), 405 wrong method, 400 body not JSON, not
 UTF-8, holding a string that is not valid Unicode (`invalid_unicode`: the field named), or not a
 valid request, 413 body over ``max_body``, an `InterceptError`'s own status, 500 for anything
 else the handler raises.
@@ -46,6 +47,21 @@ MAX_BODY = 4 * 2**20  # the same request-size limit as ProxyServer's default cli
 CHAT_PATH, MODELS_PATH = "/v1/chat/completions", "/v1/models"
 ENDPOINTS = (("POST", CHAT_PATH), ("POST", RESPONSES_PATH), ("GET", MODELS_PATH), ("GET", MODELS_PATH + "/{model}"))
 POST_PATHS = frozenset({CHAT_PATH, RESPONSES_PATH})  # the routes a handler answers
+# OpenAI routes that frameworks call by default and arl does not serve, with what to use instead
+# (their 404 says it before the list of endpoints; the path and everything under it).
+# /v1/completions: a raw-text prompt has no messages, and the tracker keeps an episode's tokens by
+# message (a generated reply found again by its key, never re-tokenized); a text prompt that
+# re-sends an earlier reply as text would re-tokenize it, so the sample would not hold the sampled tokens.
+UNSERVED = {
+    "/v1/completions": (
+        "the legacy text-completions API is not served (a raw-text prompt cannot be tracked token-exact; "
+        "arl tracks chat messages): use POST /v1/chat/completions (LlamaIndex's OpenAILike: pass "
+        "is_chat_model=True, is_function_calling_model=True); "),
+    "/v1/conversations": (
+        "server-side conversations are not served: chain Responses requests with previous_response_id "
+        "(arl keeps each episode's responses, so a request that sends only the new input items continues "
+        "the conversation token-exact), or send the whole input; "),
+}
 
 # (method, path, body) -> (HTTP status, body): what a pull-mode runner calls per request.
 Respond = Callable[[str, str, bytes], Awaitable[tuple[int, bytes]]]
@@ -92,8 +108,9 @@ def route_reply(method: str, path: str, *, model_name: str = "arl") -> Reply | N
             return Reply(200, json.dumps(model).encode())
         return _error(404, f"unknown model {route[len(MODELS_PATH) + 1 :][:80]!r}; this proxy serves "
                       f"{model_name!r}", "invalid_request_error", "model_not_found", "model")
+    hint = next((why for prefix, why in UNSERVED.items() if route == prefix or route.startswith(prefix + "/")), "")
     return attrs.evolve(
-        _error(404, f"{method} {route[:200]} is not an endpoint of the arl proxy; it serves "
+        _error(404, f"{method} {route[:200]} is not an endpoint of the arl proxy; {hint}it serves "
                f"{supported_endpoints()}", "invalid_request_error", "unknown_endpoint"),
         unknown_path=True,
     )
@@ -207,5 +224,5 @@ def responder(client: Any, *, model_name: str | None = None) -> Respond:
     return functools.partial(answer, handler, episode_key, model_name=model_name or getattr(client, "model", "arl"))
 
 
-__all__ = ["CHAT_PATH", "ENDPOINTS", "MAX_BODY", "MODELS_PATH", "POST_PATHS", "RESPONSES_PATH", "Reply", "Respond", "answer", "exchange",
-           "invalid_unicode", "responder", "route_reply", "supported_endpoints"]
+__all__ = ["CHAT_PATH", "ENDPOINTS", "MAX_BODY", "MODELS_PATH", "POST_PATHS", "RESPONSES_PATH", "UNSERVED", "Reply", "Respond", "answer",
+           "exchange", "invalid_unicode", "responder", "route_reply", "supported_endpoints"]

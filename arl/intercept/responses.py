@@ -222,7 +222,9 @@ def _chat_tool_choice(choice: Any) -> Any:
 
 _REFUSED = {
     "background": "background responses are not supported: the call answers when the reply is generated",
-    "conversation": "server-side conversations are not supported: send previous_response_id or the whole input",
+    "conversation": ("server-side conversations (the Conversations API) are not supported: chain requests with "
+                     "previous_response_id (arl keeps each episode's responses, so a request that sends only the "
+                     "new input items continues the conversation token-exact), or send the whole input"),
     "prompt": "stored prompt templates are not supported: send instructions and input",
     "max_tool_calls": "the engine cannot limit the number of tool calls (parallel_tool_calls: false allows one)",
 }

@@ -30,7 +30,9 @@ Every failure is an OpenAI-shaped JSON error, never a crash, and the server keep
 ======  ==================================================================================
 401     missing or malformed ``Authorization: Bearer <token>``
 404     unknown token (never registered, unregistered, or guessed); unknown route (the
-        message lists the supported endpoints; counted and logged once per route)
+        message lists the supported endpoints, after what to use instead for the routes
+        frameworks call that arl does not serve, `exchange.UNSERVED`; counted and logged once
+        per route)
 405     wrong method on a known route
 400     body is not JSON, not UTF-8, holds a string that is not valid Unicode (a lone surrogate:
         the message and ``param`` name the field, `exchange.invalid_unicode`), or is not a valid
@@ -69,7 +71,6 @@ from arl.intercept.exchange import (
     Reply,
     exchange,
     route_reply,
-    supported_endpoints,
 )
 from arl.intercept.protocol import (
     ChatRequest,
@@ -238,8 +239,7 @@ class ProxyServer:
             if reply.unknown_path:
                 self.stats["unknown_paths"] += 1
                 if self._first(f"path:{method} {path[:200]}"):
-                    _log.warning("arl proxy: %s %s is not an endpoint (404); supported: %s",
-                                 method, path[:200], supported_endpoints())
+                    _log.warning("arl proxy (404): %s", json.loads(reply.body)["error"]["message"])
             return reply
         try:
             episode_key, handler = self._route(authorization)
