@@ -13,9 +13,10 @@ file size and processes as rlimits it cannot raise, and as root all its processe
 cgroup of their own, `arl.sandbox.cgroups`), with a *minimal* environment: the variables above, ``env_extra``, and
 only the harmless basics of the trainer's own environment (`INHERITED_ENV`: PATH, HOME, locale,
 TMPDIR, VIRTUAL_ENV, PYTHONPATH; more by name with ``inherit_env``), and agent frameworks'
-telemetry switched off (`TELEMETRY_OFF`, e.g. ``OPENAI_AGENTS_DISABLE_TRACING=1``; either of the
-others overrides it). Its client-side response caches live in the episode's own work dir and die
-with it (`cache_env`: ``DSPY_CACHEDIR``, ``DSP_CACHEDIR`` and ``XDG_CACHE_HOME`` there, the model
+telemetry switched off (`TELEMETRY_OFF`, e.g. ``OPENAI_AGENTS_DISABLE_TRACING=1``) with their
+downloads at import and interactive first runs (`NETWORK_OFF`, e.g.
+``LITELLM_LOCAL_MODEL_COST_MAP=True``; either of the others overrides each). Its client-side
+response caches live in the episode's own work dir and die with it (`cache_env`: ``DSPY_CACHEDIR``, ``DSP_CACHEDIR`` and ``XDG_CACHE_HOME`` there, the model
 caches ``HF_HOME``, ``TORCH_HOME``, ``UV_CACHE_DIR``, ``PIP_CACHE_DIR`` left at ``$HOME/.cache``;
 ``env_extra`` / ``inherit_env`` override each): a cached reply would answer a later episode's
 prompt without a call, and that episode would end NoData. The agent may run
@@ -93,6 +94,17 @@ TELEMETRY_OFF = {
     "CREWAI_DISABLE_TELEMETRY": "true", "HAYSTACK_TELEMETRY_ENABLED": "False",
     "ANONYMIZED_TELEMETRY": "False",  # chromadb and friends
     "SCARF_NO_ANALYTICS": "true", "DO_NOT_TRACK": "1",  # the cross-tool conventions
+    "AGNO_TELEMETRY": "false",  # agno: its agent/team run events posted to agno's API
+    "CREWAI_TRACING_ENABLED": "false",  # crewai: execution traces uploaded to app.crewai.com
+    "AUTOGEN_DISABLE_RUNTIME_TRACING": "true",  # autogen-core: the agent runtime's OpenTelemetry spans
+}
+# Other framework defaults that reach the network or the terminal, off in every agent process and
+# overridable the same way (`agent_env`): an agent's sandbox may have no network (pull mode) or no
+# TTY, and a download at import costs every episode its timeout.
+NETWORK_OFF = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm (DSPy, mini-swe-agent, crewai): no price-map download at import
+    "MSWEA_COST_TRACKING": "ignore_errors",  # mini-swe-agent: no abort on a model litellm has no price for
+    "MSWEA_CONFIGURED": "true",  # mini-swe-agent: no interactive first-run setup wizard (aborts without a TTY)
 }
 # Response caches that answer a prompt seen before on the client side: a group's members share a
 # seed, hence their prompts, so with a cache that outlives the episode only the first member's
@@ -393,10 +405,12 @@ def push_limits(timeout_s: float, limits: SandboxLimits | Mapping[str, Any] | No
 
 
 def agent_env(inherit: Sequence[str], extra: Mapping[str, str], protocol: Mapping[str, str]) -> dict[str, str]:
-    """An agent process's whole environment: `TELEMETRY_OFF`, then the named variables of ours
-    that are set (``inherit``: `INHERITED_ENV` and the user's additions), then ``extra``, then the
-    mode's ``protocol`` variables, which win. Nothing else of the trainer's environment reaches it."""
-    return {**TELEMETRY_OFF, **{k: os.environ[k] for k in inherit if k in os.environ}, **extra, **protocol}
+    """An agent process's whole environment: `TELEMETRY_OFF` and `NETWORK_OFF`, then the named
+    variables of ours that are set (``inherit``: `INHERITED_ENV` and the user's additions), then
+    ``extra``, then the mode's ``protocol`` variables, which win. Nothing else of the trainer's
+    environment reaches it."""
+    return {**TELEMETRY_OFF, **NETWORK_OFF, **{k: os.environ[k] for k in inherit if k in os.environ}, **extra,
+            **protocol}
 
 
 def cache_env(cache_dir: str | os.PathLike[str], env: Mapping[str, str]) -> dict[str, str]:

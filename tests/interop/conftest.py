@@ -6,7 +6,7 @@ Two gates, each a skip with its reason, or a failure under ``ARL_REQUIRE_INTEROP
   settings; nothing they might send may leave the machine, so these tests run only where this
   process sees no network interface but ``lo`` (`make interop` runs them under ``unshare -n``).
   Every framework telemetry switch is also off, in this process (for the in-process agents) as in
-  every push-mode agent (`arl.agents.process.TELEMETRY_OFF`).
+  every push-mode agent (`arl.agents.process.TELEMETRY_OFF`, with `arl.agents.process.NETWORK_OFF`).
 - **The frameworks.** Push mode runs each agent program (``agents/*_agent.py``) under the interop
   venv's python (``.venv-interop``, built by ``scripts/interop_venv.sh``; ``ARL_INTEROP_VENV``
   names another); in process, the framework must import in arl's own venv (setup.cfg's
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from arl.agents.process import TELEMETRY_OFF
+from arl.agents.process import NETWORK_OFF, TELEMETRY_OFF
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEROP_VENV = Path(os.environ.get("ARL_INTEROP_VENV") or ROOT / ".venv-interop")
@@ -55,7 +55,7 @@ def loopback_only(monkeypatch):
     if others:
         unavailable(f"not in a loopback-only network namespace (interfaces {others}): the frameworks run "
                     "only under `make interop` (unshare -n)")
-    for name, value in TELEMETRY_OFF.items():
+    for name, value in {**TELEMETRY_OFF, **NETWORK_OFF}.items():
         if name not in os.environ:
             monkeypatch.setenv(name, value)
 
