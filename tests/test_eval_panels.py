@@ -111,9 +111,10 @@ def test_resume_under_other_settings_is_refused(tmp_path, capsys):
     out = tmp_path / "ev"
     assert eval_cli(capsys, "--seeds", "0:2", "--out", str(out))[0] == 0
     before = (out / "results.jsonl").read_text()
-    for changed in (["--seeds", "0:3"], ["--seeds", "0:2", "--temperature", "0.9"], ["--seeds", "0:2", "--attempts", "2"]):
+    for changed, named in ((["--seeds", "0:3"], "seeds"), (["--seeds", "0:2", "--temperature", "0.9"], "rollout.manager.temperature"),
+                           (["--seeds", "0:2", "--attempts", "2"], "attempts")):
         code, _, err = eval_cli(capsys, *changed, "--resume", str(out))
-        assert code == 2 and "other settings" in err, changed
+        assert code == 2 and "other settings" in err and named in err, (changed, err)
     assert (out / "results.jsonl").read_text() == before
     code, _, err = eval_cli(capsys, "--seeds", "0:2", "--resume", str(tmp_path / "nothing"))
     assert code == 2 and "nothing to resume" in err

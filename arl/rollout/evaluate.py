@@ -279,9 +279,8 @@ def prepare_dir(settings: EvalSettings, out: str | Path, resume: bool) -> list[d
             raise EvalDirError(f"{out} holds no {CONFIG_FILE}: nothing to resume (start it with --out {out})")
         saved = yaml.safe_load(config.read_text()) or {}
         if saved.get("digest") != settings.digest:
-            mine = settings.as_dict()
-            changed = sorted(k for k in set(mine) | set(saved.get("settings", {}))
-                             if mine.get(k) != saved.get("settings", {}).get(k))
+            mine, theirs = _flat(settings.as_dict()), _flat(saved.get("settings") or {})
+            changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
             raise EvalDirError(
                 f"{out} was evaluated with other settings (digest {saved.get('digest')}, these give {settings.digest}; "
                 f"differing: {', '.join(changed) or 'unknown'}): resume it with the command that started it "
@@ -293,6 +292,17 @@ def prepare_dir(settings: EvalSettings, out: str | Path, resume: bool) -> list[d
     out.mkdir(parents=True, exist_ok=True)
     config.write_text(yaml.safe_dump({"digest": settings.digest, "settings": settings.as_dict()}, sort_keys=False))
     return []
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: a refusal names the setting that changed."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def pending(settings: EvalSettings, rows: Iterable[dict[str, Any]]) -> list[EpisodeSpec]:
