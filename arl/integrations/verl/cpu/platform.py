@@ -9,8 +9,8 @@ through the current platform (`verl.utils.device`), so most of a CPU run is this
   integer index: verl passes `get_device_id()` straight to ``.to()``, ``to_empty(device=...)``,
   ``torch.device(...)`` and ``torch.tensor(device=...)`` (fsdp_utils, the FSDP engine, protocol),
   where an integer means ``cuda:<i>``. So these calls keep working unpatched; the base class
-  annotates ``-> int``, which no caller relies on (tests/integrations/verl/test_cpu_platform.py
-  lists the call sites).
+  annotates ``-> int``, which no caller relies on (tests/integrations/verl/test_cpu_patches.py,
+  ``test_platform_device_id_is_what_verl_passes_to_to``, lists the call sites).
 - ``communication_backend_name()`` ``gloo``; the ``cpu:gloo,cpu:gloo`` string verl builds from it
   is the one thing torch refuses (`arl.integrations.verl.cpu.patches`).
 - Ray resource: ``GPU``. The launch declares logical GPUs to Ray (``ray_init.num_gpus``, one per
