@@ -208,7 +208,8 @@ async def _eval(args: argparse.Namespace, settings: Any) -> Any:
 def eval_rollout(args: argparse.Namespace) -> Any:
     """`arl eval`'s rollout: the defaults (FrozenLake, step mode, full prompts, T = 0.5, 8 tokens), or
     ``--config``'s game, mode and manager at its ``eval.temperature``; each flag given wins."""
-    from arl.config import ManagerConfig, RolloutConfig, load_config
+    from arl.config import ManagerConfig, ProxyConfig, RolloutConfig, TrainConfig, load_config
+    from arl.train.checks import check_config
 
     if args.config:
         train = load_config(args.config)
@@ -220,7 +221,11 @@ def eval_rollout(args: argparse.Namespace) -> Any:
     given = {"max_tokens": args.max_tokens, "temperature": args.temperature, "history_len": args.history_len,
              "prompt_style": args.prompt_style, "system_prompt": args.system_prompt, "env_kwargs": args.env_kwargs}
     manager = attrs.evolve(manager, **{k: v for k, v in given.items() if v is not None})
-    return RolloutConfig(env_id=args.env or env, mode=args.mode or mode, num_groups=1, group_size=1, manager=manager)
+    rollout = RolloutConfig(env_id=args.env or env, mode=args.mode or mode, num_groups=1, group_size=1, manager=manager,
+                            proxy=train.rollout.proxy if args.config else ProxyConfig())
+    # the game and the runner resolve before an engine starts (ConfigError: exit 2, the dotted path named)
+    check_config(TrainConfig(rollout=rollout), rollout=True)
+    return rollout
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

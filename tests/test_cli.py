@@ -47,6 +47,21 @@ def test_eval_takes_a_training_configs_game_prompts_and_env_kwargs():
         "arl/FrozenLake-v0", "step", "full", 8)
 
 
+def test_eval_checks_the_game_and_the_configs_runner_before_an_engine_starts():
+    from arl.cli import build_parser, eval_rollout
+    from arl.config import ConfigError
+
+    parse = build_parser().parse_args
+    with pytest.raises(ConfigError, match=r"unknown env id 'arl/NoSuch-v0'.* @ rollout.env_id"):
+        eval_rollout(parse(["eval", "m", "--env", "arl/NoSuch-v0"]))
+    # a proxy config's own runner is the one evaluated (it was the default gym runner before)
+    bugfix = eval_rollout(parse(["eval", "m", "--config", "tiny_bugfix_proxy"]))
+    assert bugfix.mode == "proxy" and bugfix.proxy.runner != "gym"
+    proc = subprocess.run([sys.executable, "-m", "arl.cli", "eval", "tiny", "--backend", "scripted",
+                           "--env", "arl/NoSuch-v0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "@ rollout.env_id" in proc.stderr
+
+
 def test_demo_picks_a_free_run_directory(tmp_path):
     from arl.config import DEMO_CONFIG, load_config
     from arl.train.run_dir import free_run_name
