@@ -215,7 +215,7 @@ def episode_output(
         raise AssertionError("the first prompt of an episode holds no generated token")
 
     spans, keys, sources, rewards, valid = [], [], [], [], []
-    for turn in turns:
+    for t, turn in enumerate(turns):
         if list(sample.input_ids[: len(turn.prompt_ids)]) != list(turn.prompt_ids):
             raise AssertionError("a turn's prompt is not a prefix of the episode's tokens")
         start = len(turn.prompt_ids) - prompt_len
@@ -223,7 +223,7 @@ def episode_output(
         if start >= response_length:
             break  # cut off (see the docstring)
         spans.append([start, end])
-        key, source = turn_state_key(turn)
+        key, source = turn_state_key(turn, f"{traj.traj_id}/{t}")
         keys.append(key)
         sources.append(source)
         rewards.append(float(turn.reward))
@@ -246,17 +246,27 @@ def episode_output(
     )
 
 
-def turn_state_key(turn: Turn) -> tuple[str, str]:
+def turn_state_key(turn: Turn, turn_id: str) -> tuple[str, str]:
     """A turn's GiGPO anchor key and where it came from (``arl_state_keys`` / ``arl_state_key_sources``).
 
     The manager's key (`EnvManager.take`: the hash of the game's ``state_key()``, source "game";
     of the observation text for an env that is not an arl game, "observation"; in proxy mode as
     the runner reported it, or "message") with its ``info["state_key_source"]``. A turn without a
     key (a proxy call with no user or tool message to hash) is keyed by the hash of its
-    observation text: verl's rows need a string per turn.
+    observation text; with no observation either, its state is unknown and it gets a key of its
+    own, ``"unknown:" + turn_id`` (source "none"), so that it forms its own anchor group, as a
+    row without a state key does in `arl.algo.gigpo`: the hash of "" would pool every such turn
+    of the batch into one group. verl's rows need a string per turn.
+
+    >>> from arl.rollout.records import Turn
+    >>> turn_state_key(Turn(observation="", prompt_ids=[], response_ids=[], response_logprobs=[]), "t0/3")
+    ('unknown:t0/3', 'none')
     """
-    key = turn.state_key if turn.state_key is not None else state_hash(turn.observation)
-    return key, str(turn.info.get("state_key_source", "observation"))
+    if turn.state_key is not None:
+        return turn.state_key, str(turn.info.get("state_key_source", "observation"))
+    if turn.observation:
+        return state_hash(turn.observation), "observation"
+    return f"unknown:{turn_id}", "none"
 
 
 def _sample_turns(episode: Episode) -> list[Turn]:

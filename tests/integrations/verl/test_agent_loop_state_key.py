@@ -24,3 +24,19 @@ async def test_state_keys_are_the_games_not_the_texts(make_loop, tiny_tokenizer,
     assert out.extra_fields["arl_success"] and len(server.calls) == 6
     assert out.extra_fields["arl_state_keys"] == [state_hash(f"#o#|presses={c}") for c in (0, 0, 1, 1, 2, 2)]
     assert out.extra_fields["arl_state_key_sources"] == ["game"] * 6
+
+
+def test_a_turn_without_any_state_gets_an_anchor_group_of_its_own():
+    """A proxy call with no user/tool message and no observation has no known state: it is keyed
+    by its own turn, not by the hash of "" that would pool every such turn into one group."""
+    from arl.integrations.verl.agent_loop import turn_state_key
+    from arl.rollout.records import Turn
+
+    def turn(observation="", key=None, source=None):
+        return Turn(observation=observation, prompt_ids=[], response_ids=[], response_logprobs=[], state_key=key,
+                    info={} if source is None else {"state_key_source": source})
+
+    blind = [turn_state_key(turn(), f"u{i}/0")[0] for i in range(3)]
+    assert len(set(blind)) == 3 and state_hash("") not in blind
+    assert turn_state_key(turn("#o#"), "u/0") == (state_hash("#o#"), "observation")
+    assert turn_state_key(turn(key="k", source="game"), "u/0") == ("k", "game")
