@@ -5,11 +5,11 @@ Every use of an old name warns with a DeprecationWarning that names the new one:
 - `renamed_keywords`: a function's old keyword arguments, e.g. ``Sample.of(state_hash=...)``;
 - `renamed_fields`: an attrs class's old field names, as ``__init__`` keywords and as read-only
   attributes, e.g. ``Turn(state_hash=...)`` and ``turn.state_hash``;
-- `renamed_constants`: a module's old constant names, as its module ``__getattr__`` (PEP 562);
-- `moved_names`: names that moved to another module, as the old module's ``__getattr__``, e.g.
-  ``from arl.rollout import ManagerConfig`` (now `arl.config`).
+- `old_names`: a module's old names, renamed in it or moved to another module, as its module
+  ``__getattr__`` (PEP 562), e.g. ``arl.agents.STATE_KEY`` and ``from arl.rollout import
+  ManagerConfig`` (now `arl.config`).
 
-Imports nothing of arl (`moved_names` imports the new module by name when an old name is used):
+Imports nothing of arl (`old_names` imports a moved name's new module when the old name is used):
 any module may use it (`arl.algo`, which imports nothing of arl but
 itself, has its own copy of `renamed_keywords` in `arl.algo._groups`).
 """
@@ -106,45 +106,38 @@ def _old_attribute(owner: str, old: str, new: str) -> property:
     return property(read, doc=f"Deprecated: the old name of ``{new}``.")
 
 
-def renamed_constants(module: str, namespace: dict[str, Any], **renames: str) -> Callable[[str], Any]:
-    """A module ``__getattr__`` that gives each old constant name ``old=new`` the value of ``new``
-    in ``namespace`` (the module's ``globals()``), with a DeprecationWarning; other names raise
-    AttributeError.
+Target = str | tuple[str, Callable[[], Any]]
 
-    >>> __getattr__ = renamed_constants("mod", {"NEW": 1}, OLD="NEW")
+
+def old_names(module: str, namespace: dict[str, Any], **olds: Target) -> Callable[[str], Any]:
+    """The module ``__getattr__`` (PEP 562) of a module whose public names were renamed or moved:
+    each old name of ``olds`` still gives its object, with a DeprecationWarning naming what to use;
+    any other name raises AttributeError. A target is
+
+    - ``"NEW"``: renamed in this module, the object ``namespace["NEW"]`` (the module's ``globals()``);
+    - ``"pkg.mod:NEW"``: moved, imported from there when first asked for (so the old module does not
+      load the new one's dependencies until then);
+    - ``(advice, get)``: no one-to-one replacement: ``get()`` builds the old object, and the warning
+      says ``advice``.
+
+    >>> __getattr__ = old_names("mod", {"NEW": 1}, OLD="NEW", dumps="json:dumps", LIST=("list()", lambda: []))
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
-    ...     __getattr__("OLD"), str(caught[0].message)
-    (1, 'mod.OLD is deprecated: use mod.NEW')
+    ...     __getattr__("OLD"), __getattr__("dumps")([1]), __getattr__("LIST")
+    ...     [str(w.message) for w in caught]
+    (1, '[1]', [])
+    ['mod.OLD is deprecated: use mod.NEW', 'mod.dumps is deprecated: use json.dumps', 'mod.LIST is deprecated: use list()']
     """
     def __getattr__(name: str) -> Any:
-        if name in renames:
-            warn_renamed(f"{module}.{name}", f"{module}.{renames[name]}")
-            return namespace[renames[name]]
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
-
-    return __getattr__
-
-
-def moved_names(module: str, new_module: str, *names: str) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for public names that moved to ``new_module`` under the same name:
-    each of ``names`` is imported from there (on first use, so the old module does not load the new
-    one's dependencies until asked) with a DeprecationWarning naming the new place; other names raise
-    AttributeError. docs/architecture.md §10: a moved public name imports from its old place for
-    one release.
-
-    >>> __getattr__ = moved_names("old", "json", "dumps")
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     __getattr__("dumps")([1]), str(caught[0].message)
-    ('[1]', 'old.dumps is deprecated: use json.dumps')
-    """
-    moved = frozenset(names)
-
-    def __getattr__(name: str) -> Any:
-        if name in moved:
-            warn_renamed(f"{module}.{name}", f"{new_module}.{name}")
-            return getattr(importlib.import_module(new_module), name)
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        target = olds.get(name)
+        if target is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        if isinstance(target, tuple):
+            advice, get = target
+            warn_renamed(f"{module}.{name}", advice)
+            return get()
+        where, _, new = target.rpartition(":")
+        warn_renamed(f"{module}.{name}", f"{where or module}.{new}")
+        return getattr(importlib.import_module(where), new) if where else namespace[new]
 
     return __getattr__

@@ -8,7 +8,7 @@ client and returns an `EpisodeResult`. `GymRunner` and `ToolCallRunner` play arl
 
 from __future__ import annotations
 
-from arl._renamed import renamed_constants
+from arl._renamed import old_names
 from arl.agents.gym_runner import GymRunner, ToolCallRunner
 from arl.agents.process import PushModeRunner
 from arl.agents.pull import PullModeRunner
@@ -26,5 +26,4 @@ __all__ = ["OBSERVATION_INFO_KEY", "STATE_KEY_INFO_KEY", "STATUSES", "AgentRunne
            "GymRunner", "PullModeRunner", "PushModeRunner", "StepReport", "ToolCallRunner"]
 
 # STATE_KEY and GAME_STATE_KEY, the old names of OBSERVATION_INFO_KEY and STATE_KEY_INFO_KEY
-__getattr__ = renamed_constants(__name__, globals(), STATE_KEY="OBSERVATION_INFO_KEY",
-                                GAME_STATE_KEY="STATE_KEY_INFO_KEY")
+__getattr__ = old_names(__name__, globals(), STATE_KEY="OBSERVATION_INFO_KEY", GAME_STATE_KEY="STATE_KEY_INFO_KEY")

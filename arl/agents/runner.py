@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol, get_args
 
 import attrs
 
-from arl._renamed import renamed_constants, renamed_fields
+from arl._renamed import old_names, renamed_fields
 
 RunnerStatus = Literal["Finished", "Failed", "NoData", "Timeout"]
 STATUSES: tuple[str, ...] = get_args(RunnerStatus)
@@ -324,5 +324,4 @@ class FunctionRunner(AgentRunner):
 
 
 # STATE_KEY and GAME_STATE_KEY, the old names of OBSERVATION_INFO_KEY and STATE_KEY_INFO_KEY
-__getattr__ = renamed_constants(__name__, globals(), STATE_KEY="OBSERVATION_INFO_KEY",
-                                GAME_STATE_KEY="STATE_KEY_INFO_KEY")
+__getattr__ = old_names(__name__, globals(), STATE_KEY="OBSERVATION_INFO_KEY", GAME_STATE_KEY="STATE_KEY_INFO_KEY")

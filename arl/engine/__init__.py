@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from arl._renamed import moved_names
+from arl._renamed import old_names
 from arl.config import EngineConfig as _EngineConfig
 from arl.engine.base import (
     BaseEngine,
@@ -70,4 +70,4 @@ __all__ = [
 
 # EngineConfig and BACKENDS moved to arl.config with every config record: importable from here,
 # deprecated (docs/architecture.md §10)
-__getattr__ = moved_names(__name__, "arl.config", "BACKENDS", "EngineConfig")
+__getattr__ = old_names(__name__, globals(), BACKENDS="arl.config:BACKENDS", EngineConfig="arl.config:EngineConfig")

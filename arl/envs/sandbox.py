@@ -4,10 +4,10 @@ release with a DeprecationWarning naming the new place (docs/architecture.md §1
 imports nothing of the sandbox until one of its old names is used.
 """
 
-from arl._renamed import moved_names
+from arl._renamed import old_names
 
 # the old module's __all__, every name of which arl.sandbox exports
-__getattr__ = moved_names(
-    __name__, "arl.sandbox", "COMMAND_STATUSES", "ISOLATIONS", "SANDBOX_CWD", "CommandResult", "Sandbox",
+__getattr__ = old_names(__name__, globals(), **{name: f"arl.sandbox:{name}" for name in (
+    "COMMAND_STATUSES", "ISOLATIONS", "SANDBOX_CWD", "CommandResult", "Sandbox",
     "SandboxLimits", "SandboxUnavailable", "bwrap_problem", "limits_prefix", "python_paths",
-)
+)})

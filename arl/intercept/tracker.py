@@ -75,7 +75,7 @@ from typing import Any, get_args
 
 import attrs
 
-from arl._renamed import renamed_fields
+from arl._renamed import old_names, renamed_fields
 from arl.config import KeepBranches
 from arl.engine.base import SampledWith
 from arl.engine.prompt import PromptView
@@ -420,16 +420,5 @@ class MessageTracker:
 
 
 
-def __getattr__(name: str) -> Any:
-    """``Keep``, this module's old name of `arl.config.KeepBranches`, and ``Branch``, its old name
-    of `ConversationBranch`: still importable, deprecated."""
-    import warnings
-
-    if name == "Keep":
-        warnings.warn(f"{__name__}.Keep is deprecated: use arl.config.KeepBranches", DeprecationWarning, stacklevel=2)
-        return KeepBranches
-    if name == "Branch":
-        warnings.warn(f"{__name__}.Branch is deprecated: use {__name__}.ConversationBranch", DeprecationWarning,
-                      stacklevel=2)
-        return ConversationBranch
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Keep, this module's old name of arl.config.KeepBranches; Branch, its old name of ConversationBranch
+__getattr__ = old_names(__name__, globals(), Keep="arl.config:KeepBranches", Branch="ConversationBranch")

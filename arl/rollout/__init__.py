@@ -8,6 +8,7 @@ groups of episodes sharing a seed and runs them concurrently; `rollout_metrics` 
 
 from __future__ import annotations
 
+from arl._renamed import old_names
 from arl.engine.prompt import PromptView
 from arl.envs.game import state_hash
 from arl.rollout.base import (
@@ -60,20 +61,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """Still importable, deprecated: ``Branch``, the old name of `ForkBranch`, and ``ManagerConfig``,
-    which moved to `arl.config` with every config record (docs/architecture.md §10)."""
-    if name == "Branch":
-        import warnings
-
-        warnings.warn(f"{__name__}.Branch is deprecated: use {__name__}.ForkBranch", DeprecationWarning, stacklevel=2)
-        return ForkBranch
-    if name == "ManagerConfig":
-        import warnings
-
-        from arl.config import ManagerConfig
-
-        warnings.warn(f"{__name__}.ManagerConfig is deprecated: use arl.config.ManagerConfig", DeprecationWarning,
-                      stacklevel=2)
-        return ManagerConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Branch, the old name of ForkBranch; ManagerConfig, which moved to arl.config with every config record
+# (docs/architecture.md §10)
+__getattr__ = old_names(__name__, globals(), Branch="ForkBranch", ManagerConfig="arl.config:ManagerConfig")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from arl._renamed import old_names
 from arl.config import MODES, ManagerConfig, ProxyConfig, RolloutConfig
 from arl.intercept.doctor import TemplateReport, check_setting
 from arl.rollout.base import EnvManager
@@ -150,11 +151,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """``RUNNERS``, ``resolve_runner`` and ``runner_binder``, re-exported here before their renames
-    (`arl.rollout.runners`): still importable, deprecated."""
-    from arl.rollout import runners
-
-    if name in ("RUNNERS", "resolve_runner", "runner_binder"):
-        return getattr(runners, name)  # warns, naming the new name
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# RUNNERS, resolve_runner and runner_binder, re-exported here before their renames (arl.rollout.runners)
+__getattr__ = old_names(__name__, globals(), RUNNERS="arl.rollout.runners:RUNNER_FACTORIES",
+                        resolve_runner="arl.rollout.runners:load_runner",
+                        runner_binder="arl.rollout.runners:runner_binder")  # itself deprecated there, warning again

@@ -44,6 +44,7 @@ from typing import Any, get_args
 import anyio
 import attrs
 
+from arl._renamed import old_names
 from arl.agents.gym_runner import GymRunner
 from arl.agents.runner import AgentRunner, EpisodeResult, StepReport
 from arl.config import Granularity, KeepBranches, ManagerConfig, ProxyConfig, Transport
@@ -420,14 +421,8 @@ class ProxyEnvManager(EnvManager):
 __all__ = ["ProxyEnvManager", "RunnerFactory"]
 
 
-def __getattr__(name: str) -> Any:
-    """``Keep``, this module's old name of `arl.config.KeepBranches`, and ``gym_runner_factory``,
-    the old way to bind `GymRunner` to a config: still importable, deprecated."""
-    if name == "Keep":
-        warnings.warn(f"{__name__}.Keep is deprecated: use arl.config.KeepBranches", DeprecationWarning, stacklevel=2)
-        return KeepBranches
-    if name == "gym_runner_factory":
-        warnings.warn(f"{__name__}.gym_runner_factory is deprecated: use arl.rollout.runners.gym_runner (a runner "
-                      "factory), or make_runner_factory(gym_runner, runner_cls=...)", DeprecationWarning, stacklevel=2)
-        return _gym_runner_factory
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Keep, this module's old name of arl.config.KeepBranches; gym_runner_factory, the old way to bind
+# GymRunner to a config
+__getattr__ = old_names(__name__, globals(), Keep="arl.config:KeepBranches", gym_runner_factory=(
+    "arl.rollout.runners.gym_runner (a runner factory), or make_runner_factory(gym_runner, runner_cls=...)",
+    lambda: _gym_runner_factory))

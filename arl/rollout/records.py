@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from arl._renamed import renamed_fields, renamed_keywords, warn_renamed
+from arl._renamed import old_names, renamed_fields, renamed_keywords, warn_renamed
 from arl.agents.runner import RunnerStatus
 from arl.engine.base import SampledWith
 from arl.engine.tokens import TokenRow, count_runs
@@ -364,11 +364,4 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = Fa
     }
 
 
-def __getattr__(name: str) -> Any:
-    """``Branch``, this module's old name of `ForkBranch`: still importable, deprecated."""
-    if name == "Branch":
-        import warnings
-
-        warnings.warn(f"{__name__}.Branch is deprecated: use {__name__}.ForkBranch", DeprecationWarning, stacklevel=2)
-        return ForkBranch
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = old_names(__name__, globals(), Branch="ForkBranch")  # its old name

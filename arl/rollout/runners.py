@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from arl._renamed import old_names
 from arl.agents.runner import AgentFunction, AgentRunner, FunctionRunner
 from arl.config import ManagerConfig, ProxyConfig
 from arl.rollout.base import EpisodeSpec
@@ -282,25 +283,13 @@ def _call_with(factory: RunnerFactory, config: ManagerConfig, client: Any, spec:
     return factory(client, spec, config)
 
 
-# Old names, still importable with a DeprecationWarning: name -> (what to use, the object).
-_DEPRECATED: dict[str, tuple[str, Callable[[], Any]]] = {
-    "RUNNERS": ("RUNNER_FACTORIES", lambda: RUNNER_FACTORIES),
-    "resolve_runner": ("load_runner", lambda: load_runner),
-    "RunnerBinder": ("RunnerFactory, which ProxyEnvManager calls with its config",
-                     lambda: Callable[[ManagerConfig], Callable[[Any, EpisodeSpec], AgentRunner]]),
-    "agent_function_runner": ("make_runner_factory(fn)", lambda: _function_runner_factory),
-    "bind_runner": ("make_runner_factory(factory, **kwargs)",
-                    lambda: lambda make, **kwargs: _binder(functools.partial(make, **kwargs))),
-    "runner_binder": ("make_runner_factory(proxy_config)", lambda: lambda proxy: _binder(make_runner_factory(proxy))),
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The old names of this module's things (`_DEPRECATED`): still importable, deprecated."""
-    if name in _DEPRECATED:
-        import warnings
-
-        new, get = _DEPRECATED[name]
-        warnings.warn(f"{__name__}.{name} is deprecated: use {new}", DeprecationWarning, stacklevel=2)
-        return get()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Old names, still importable with a DeprecationWarning: name -> its new name, or (what to use, the object)
+__getattr__ = old_names(
+    __name__, globals(), RUNNERS="RUNNER_FACTORIES", resolve_runner="load_runner",
+    RunnerBinder=("RunnerFactory, which ProxyEnvManager calls with its config",
+                  lambda: Callable[[ManagerConfig], Callable[[Any, EpisodeSpec], AgentRunner]]),
+    agent_function_runner=("make_runner_factory(fn)", lambda: _function_runner_factory),
+    bind_runner=("make_runner_factory(factory, **kwargs)",
+                 lambda: lambda make, **kwargs: _binder(functools.partial(make, **kwargs))),
+    runner_binder=("make_runner_factory(proxy_config)", lambda: lambda proxy: _binder(make_runner_factory(proxy))),
+)
