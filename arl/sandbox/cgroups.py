@@ -4,7 +4,8 @@ Why: the rlimits of `arl.sandbox.rlimits` bind one process each (RLIMIT_AS: a fe
 hold several times as much; RLIMIT_NPROC: a uid's processes, not their threads' memory). A cgroup
 binds the sandbox as a whole: ``memory.max`` (v2) / ``memory.limit_in_bytes`` (v1) over every
 process of it and the tmpfs pages they write (``/tmp``, a tmpfs work dir), ``pids.max`` over its
-tasks. The kernel's OOM killer then kills inside the sandbox only (the command ends "killed").
+tasks. The kernel's OOM killer then kills inside the sandbox only (the command ends "oom":
+`Cgroup.oom_kills` tells the kill apart).
 
 Where: a child of this process's own cgroup, in the v2 hierarchy when it has the memory and pids
 controllers (and they can be enabled for children), else in the v1 ``memory`` and ``pids``
@@ -130,6 +131,17 @@ class Cgroup:
         with contextlib.suppress(OSError):
             return [int(p) for p in (self.dirs[-1] / "cgroup.procs").read_text().split()]
         return []
+
+    def oom_kills(self) -> int | None:
+        """How many of its processes the OOM killer has killed (v2: ``oom_kill`` in
+        ``memory.events``; v1: in ``memory.oom_control``, Linux 4.13+), None where unreadable."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.dirs[0] / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        return None
 
     def kill(self) -> None:
         """SIGKILL every process inside (v2: ``cgroup.kill``, one pass no fork escapes; v1: by the

@@ -23,6 +23,8 @@ import math
 
 import attrs
 
+OOM_VICTIM_ADJ = 1000  # oom_score_adj of a sandboxed command: the OOM killer's first choice
+
 
 @attrs.frozen
 class SandboxLimits:
@@ -40,8 +42,14 @@ class SandboxLimits:
     disk_bytes: int = 128 * 2**20  # all files of the work dir together (a tmpfs, as root)
 
 
-def limits_prefix(limits: SandboxLimits, nproc_base: int = 0) -> list[str]:
+def limits_prefix(limits: SandboxLimits, nproc_base: int = 0, *, oom_victim: bool = False) -> list[str]:
     """``bash -c 'ulimit ...; exec "$@"'``: argv that sets the limits and execs the rest.
+
+    ``oom_victim``: first raise the process's ``oom_score_adj`` to `OOM_VICTIM_ADJ` (inherited by
+    everything it starts; any process may raise its own, none but a privileged one lower it), so
+    that where a command shares a memory cgroup with the process that started it (a pull-mode
+    agent's tool commands: `arl.sandbox.sandbox.Sandbox.run`), the kernel's OOM killer picks the
+    command, not its starter. Best effort: a ``/proc`` that refuses the write leaves the score as is.
 
     bash counts ``-v`` and ``-f`` in KiB; ``ulimit`` sets soft and hard limits together (the CPU
     limit's hard one a second above), so the command cannot raise them again. ``nproc_base``:
@@ -53,7 +61,8 @@ def limits_prefix(limits: SandboxLimits, nproc_base: int = 0) -> list[str]:
     'ulimit -S -t 2 && ulimit -H -t 3 && ulimit -c 0 -v 1024 -f 1 -u 10 && exec "$@"'
     """
     cpu = max(1, math.ceil(limits.cpu_s))
-    script = (  # CPU: SIGXCPU at the soft limit (a "timeout"), SIGKILL a second later
+    victim = f"{{ echo {OOM_VICTIM_ADJ} > /proc/self/oom_score_adj; }} 2>/dev/null; " if oom_victim else ""
+    script = victim + (  # CPU: SIGXCPU at the soft limit (a "timeout"), SIGKILL a second later
         f"ulimit -S -t {cpu} && ulimit -H -t {cpu + 1} && ulimit -c 0 -v {max(1, limits.memory_bytes // 1024)} "
         f"-f {max(1, math.ceil(limits.file_size_bytes / 1024))} -u {nproc_base + limits.max_procs} "
         '&& exec "$@"'
@@ -61,4 +70,4 @@ def limits_prefix(limits: SandboxLimits, nproc_base: int = 0) -> list[str]:
     return ["bash", "-c", script, "arl-limits"]
 
 
-__all__ = ["SandboxLimits", "limits_prefix"]
+__all__ = ["OOM_VICTIM_ADJ", "SandboxLimits", "limits_prefix"]

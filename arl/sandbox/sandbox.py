@@ -61,9 +61,20 @@ writes beyond that is killed.
 
 A command's own faults are results, never exceptions: `CommandResult.status` is "ok" (it ended
 by itself; look at ``exit_code``), "timeout" (wall or CPU limit), "output_limit", "killed" (a
-fatal signal: the file-size limit's SIGXFSZ, SIGKILL, SIGSEGV, ...) or "error" (it could not be
-started, or bwrap / the limits wrapper failed before it did). Exit codes follow the shell:
-128 + N for a command killed by signal N.
+fatal signal: the file-size limit's SIGXFSZ, SIGKILL, SIGSEGV, ...), "oom" (SIGKILLed by the kernel's
+OOM killer: the sandbox's memory, or the memory cgroup it shares, ran out; ``signal`` is SIGKILL)
+or "error" (it could not be started, or bwrap / the limits wrapper failed before it did). Exit
+codes follow the shell: 128 + N for a command killed by signal N.
+
+OOM: every command `run` starts raises its ``oom_score_adj`` to 1000 (`arl.sandbox.rlimits.OOM_VICTIM_ADJ`)
+and `spawn`'s long-running processes keep theirs, so where both share one memory cgroup (a
+pull-mode agent and the tool commands its own sandboxes run: bubblewrap does not nest and the
+agent cannot make cgroups, so they share the agent's) the OOM killer kills the command, never the
+agent (docs/threat_model.md). A SIGKILL is told apart as "oom" by an OOM-kill counter that rose
+while the command ran: the sandbox's own cgroup's (``memory.events`` / ``memory.oom_control``)
+where it has one, else the kernel's (``oom_kill`` in ``/proc/vmstat``), which counts every OOM
+kill on the host: a command SIGKILLed otherwise (by hand, or past RLIMIT_CPU's hard limit) while
+another process of the host is OOM-killed would read "oom" too.
 """
 
 from __future__ import annotations
@@ -106,7 +117,7 @@ from arl.sandbox.uid_delegation import PROGRAM, TOOL_UIDS_ENV, delegate_argv, de
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("auto", "bwrap", "none")
-COMMAND_STATUSES = ("ok", "timeout", "output_limit", "killed", "error")
+COMMAND_STATUSES = ("ok", "timeout", "output_limit", "killed", "oom", "error")
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 _FATAL_SIGNALS = {signal.SIGKILL, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS}
 _GRACE_S = 1.0  # after a command ends or is killed: how long its pipes may stay open
@@ -245,9 +256,11 @@ class Sandbox:
         Cancelling it kills the command."""
         limits = limits or self.limits
         start = time.monotonic()
+        oom_before = self._oom_kills()
         try:
             proc = await self._start(["bash", "-c", command], self.env, limits, read_only,
-                                     stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL)
+                                     stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                                     oom_victim=True)
         except OSError as exc:
             return CommandResult("error", None, "", "", False, time.monotonic() - start, error=str(exc))
         output = CappedOutput(limits.output_bytes, limits.drain_bytes)
@@ -279,6 +292,8 @@ class Sandbox:
         exit_code = 128 + fatal if fatal is not None else returncode
         if status == "ok" and fatal is not None:
             status = "timeout" if fatal == signal.SIGXCPU else "killed"
+            if fatal == signal.SIGKILL and oom_before is not None and (self._oom_kills() or 0) > oom_before:
+                status = "oom"
         if output.over.is_set():
             status = "output_limit"
         stderr = output.text("stderr")
@@ -313,17 +328,18 @@ class Sandbox:
 
     async def _start(self, argv: list[str], env: dict[str, str], limits: SandboxLimits,
                      read_only: Sequence[str | Path], *, stdin: int,
-                     tool_uids: range | None = None) -> asyncio.subprocess.Process:
+                     tool_uids: range | None = None, oom_victim: bool = False) -> asyncio.subprocess.Process:
         if self._finalizer is not None and not self._finalizer.alive:
             raise OSError("the sandbox is closed")
         seccomp_fd = filter_fd(self._seccomp) if self._seccomp is not None else None
         if self.isolation == "bwrap":
             drop = (delegate_argv(os.path.realpath(sys.executable), self.uid, tool_uids)
                     if tool_uids is not None and self.uid is not None else None)
-            full = self._bwrap_argv(env, read_only, limits, seccomp_fd, drop) + limits_prefix(limits) + argv
+            full = (self._bwrap_argv(env, read_only, limits, seccomp_fd, drop)
+                    + limits_prefix(limits, oom_victim=oom_victim) + argv)
             kwargs: dict[str, Any] = {"env": {}, "pass_fds": () if seccomp_fd is None else (seccomp_fd,)}
         else:
-            full = self._none_argv(limits) + argv
+            full = self._none_argv(limits, oom_victim) + argv
             kwargs = {"env": env, "cwd": self.workdir}
         if self.cgroup is not None:
             full = self.cgroup.join_prefix() + full
@@ -348,12 +364,19 @@ class Sandbox:
                           also_read_only=[Path(p).resolve() for p in read_only], links=self._links,
                           tmp_bytes=limits.tmp_bytes, seccomp_fd=seccomp_fd, drop=drop)
 
-    def _none_argv(self, limits: SandboxLimits) -> list[str]:
+    def _none_argv(self, limits: SandboxLimits, oom_victim: bool = False) -> list[str]:
         """Isolation "none": the uid drop (when the sandbox has a uid), then the limits. Dropped,
         the process limit counts the sandbox's uid alone; otherwise the caller's processes too."""
         if self.uid is not None:
-            return setpriv_argv(self.uid) + limits_prefix(limits)
-        return limits_prefix(limits, uid_processes(os.getuid()) if os.geteuid() != 0 else 0)
+            return setpriv_argv(self.uid) + limits_prefix(limits, oom_victim=oom_victim)
+        return limits_prefix(limits, uid_processes(os.getuid()) if os.geteuid() != 0 else 0, oom_victim=oom_victim)
+
+    def _oom_kills(self) -> int | None:
+        """The OOM kills counted so far where this sandbox's commands live: its cgroup's, else the
+        kernel's (all of the host's); None where neither can be read."""
+        if self.cgroup is not None and (kills := self.cgroup.oom_kills()) is not None:
+            return kills
+        return _host_oom_kills()
 
     async def _reap(self) -> None:
         """With a uid of its own (as root under bwrap; under "none" in a process given tool uids):
@@ -383,7 +406,8 @@ class Sandbox:
     def command_line(self, command: str) -> str:
         """The full host command line `run` would start (for logs and debugging)."""
         argv = (self._bwrap_argv(self.env, (), self.limits, 3 if self._seccomp is not None else None)
-                + limits_prefix(self.limits) if self.isolation == "bwrap" else self._none_argv(self.limits))
+                + limits_prefix(self.limits, oom_victim=True) if self.isolation == "bwrap"
+                else self._none_argv(self.limits, oom_victim=True))
         argv = (self.cgroup.join_prefix() if self.cgroup is not None else []) + argv
         return shlex.join([*argv, "bash", "-c", command])
 
@@ -468,6 +492,15 @@ async def _feed(proc: asyncio.subprocess.Process, data: str) -> None:
         proc.stdin.write(data.encode())
         await proc.stdin.drain()
         proc.stdin.close()
+
+
+def _host_oom_kills() -> int | None:
+    """The kernel's count of OOM kills since boot (``oom_kill`` in ``/proc/vmstat``; Linux 4.13+)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/vmstat") as f:
+        for line in f:
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    return None
 
 
 @functools.cache

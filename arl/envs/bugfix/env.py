@@ -106,6 +106,7 @@ def format_result(result: CommandResult, limit: int) -> str:
         "timeout": "[killed: time limit]",
         "output_limit": "[killed: too much output]",
         "killed": f"[killed by signal {result.signal}]",
+        "oom": "[killed: out of memory]",
         "error": f"[could not run: {result.error}]",
     }[result.status]
     return f"{text}{'' if text.endswith(chr(10)) else chr(10)}{ending}" if text else ending
