@@ -71,7 +71,7 @@ from typing import Any
 import anyio
 
 from arl.agents.runner import MAX_RESULT_BYTES, AgentRunner, ChatClient, EpisodeResult
-from arl.sandbox.bwrap import fresh_uid, reap_uid, setpriv_argv
+from arl.sandbox.bwrap import fresh_uid, reap_uid, release_uid, setpriv_argv
 from arl.sandbox.cgroups import Cgroup, cgroup_problem
 from arl.sandbox.hostfs import remove_tree
 from arl.sandbox.rlimits import SandboxLimits, limits_prefix
@@ -327,6 +327,7 @@ class PushModeRunner(AgentRunner):
             with anyio.CancelScope(shield=True):
                 if uid is not None:  # what left the process group (a daemon) dies with the episode
                     await reap_uid(uid, REAP_BOUND_S)
+                    release_uid(uid)
                 if group is not None:  # its processes killed, then the cgroup removed
                     await anyio.to_thread.run_sync(group.remove)
             os.close(dir_fd)

@@ -25,10 +25,12 @@ down. A pull-mode agent's own sandboxes take their uids from a block the trainer
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import fcntl
 import functools
 import glob
-import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -51,7 +53,22 @@ _PROBE_UID = 65534  # nobody: the uid drop bwrap_problem tries
 # (`fresh_uid`: below 2**25), so an agent's uid never falls into another agent's block.
 TOOL_UID_BASE, TOOL_UID_BLOCK = 1 << 25, 256
 _blocks_held: set[int] = set()  # the blocks this process has given out and not yet released
-_next_in_block = itertools.count()
+# the uids this process's live sandboxes hold -> the free list of the block it came from (None: a
+# uid drawn at random, registered in the host's registry)
+_uids_held: dict[int, collections.deque[int] | None] = {}
+_block_free: dict[range, collections.deque[int]] = {}  # per delegated block: its uids not held
+# The host-wide registry of held blocks and sandbox uids, so that two trainer processes on one host
+# never hold the same: one POSIX record lock (`fcntl.lockf`) per held range, at the byte offsets of
+# its uids, in the first of these files that can be opened. The kernel drops a process's locks
+# when it exits (even by SIGKILL): nothing to clean up. Record locks do not conflict within one
+# process, hence the sets above; and closing any fd of the file drops them all: only
+# `_registry_fd` opens it.
+UID_REGISTRY_PATHS = ["/run/arl-uids.lock", "/tmp/arl-uids.lock"]
+_log = logging.getLogger(__name__)
+
+
+class UidBlockExhausted(RuntimeError):
+    """Every uid of this process's block of tool uids is held by a live sandbox: close one first."""
 
 
 def python_paths() -> tuple[Path, ...]:
@@ -72,29 +89,86 @@ def python_links() -> tuple[tuple[str, str], ...]:
     return tuple((real, path) for path, real in sorted(links.items()))
 
 
+@functools.cache
+def _registry_fd() -> int | None:
+    """The registry file (`UID_REGISTRY_PATHS`), opened once per process; None (said once) where
+    none can be opened: then only this process's own holdings are kept apart."""
+    for path in UID_REGISTRY_PATHS:
+        with contextlib.suppress(OSError):
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    _log.warning("no uid registry (%s): another trainer process on this host may draw the same sandbox uids "
+                 "or tool uid blocks", ", ".join(UID_REGISTRY_PATHS))
+    return None
+
+
+def _register(first: int, count: int) -> bool:
+    """Hold uids [first, first + count) in the host's registry; False when another process does."""
+    fd = _registry_fd()
+    if fd is None:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, count, first, os.SEEK_SET)
+    except OSError:
+        return False
+    return True
+
+
+def _unregister(first: int, count: int) -> None:
+    fd = _registry_fd()
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            fcntl.lockf(fd, fcntl.LOCK_UN, count, first, os.SEEK_SET)
+
+
 def fresh_uid() -> int:
-    """A uid for one sandbox, far above any real account's (2**24 <= uid < 2**25). In a process
-    given a block of uids (a pull-mode agent: `arl.sandbox.uid_delegation.delegated_uids`), the next
-    uid of that block instead: the only ones it may switch to. Taken in turn, so two sandboxes of
-    the agent share a uid only when it holds more than `TOOL_UID_BLOCK` at once."""
+    """A uid for one sandbox, far above any real account's (2**24 <= uid < 2**25), held by no
+    other live sandbox of this process nor (through the registry, `UID_REGISTRY_PATHS`) of another
+    process on the host. In a process given a block of uids (a pull-mode agent:
+    `arl.sandbox.uid_delegation.delegated_uids`), a uid of that block instead, the only ones it may
+    switch to: the one released longest ago among those no live sandbox holds, `UidBlockExhausted`
+    when every one is held. `release_uid` when the sandbox is closed."""
     block = uid_delegation.delegated_uids()
     if block is not None:
-        return block[next(_next_in_block) % len(block)]
-    return (1 << 24) + secrets.randbelow(1 << 24)
+        free = _block_free.setdefault(block, collections.deque(u for u in block if u not in _uids_held))
+        if not free:
+            raise UidBlockExhausted(f"all {len(block)} uids of this process's tool uid block "
+                                    f"{block.start}..{block.stop - 1} are held by live sandboxes: close one first")
+        uid = free.popleft()
+        _uids_held[uid] = free
+        return uid
+    while True:
+        uid = (1 << 24) + secrets.randbelow(1 << 24)
+        if uid not in _uids_held and _register(uid, 1):
+            _uids_held[uid] = None
+            return uid
+
+
+def release_uid(uid: int) -> None:
+    """A sandbox's uid back (its processes gone): `fresh_uid` may hand it out again."""
+    if uid not in _uids_held:
+        return
+    free = _uids_held.pop(uid)
+    if free is None:
+        _unregister(uid, 1)
+    else:
+        free.append(uid)
 
 
 def fresh_uid_block() -> range:
     """`TOOL_UID_BLOCK` uids for one pull-mode agent's tool commands, none of them a `fresh_uid`
-    of a sandbox nor in another block this process holds; `release_uid_block` when it is done."""
+    of a sandbox nor in another block this process or (through the registry) another process on
+    the host holds; `release_uid_block` when it is done."""
     while True:
         first = TOOL_UID_BASE + TOOL_UID_BLOCK * secrets.randbelow(TOOL_UID_BASE // TOOL_UID_BLOCK)
-        if first not in _blocks_held:
+        if first not in _blocks_held and _register(first, TOOL_UID_BLOCK):
             _blocks_held.add(first)
             return range(first, first + TOOL_UID_BLOCK)
 
 
 def release_uid_block(uids: range) -> None:
-    _blocks_held.discard(uids.start)
+    if uids.start in _blocks_held:
+        _blocks_held.discard(uids.start)
+        _unregister(uids.start, len(uids))
 
 
 def setpriv_argv(uid: int) -> list[str]:
@@ -295,6 +369,6 @@ async def reap_uids(uids: range, bound_s: float) -> int:
     return sum([await reap_uid(uid, bound_s) for uid in present])
 
 
-__all__ = ["SANDBOX_CWD", "TOOL_UID_BLOCK", "bwrap_argv", "bwrap_problem", "delegation_problem", "fresh_uid",
-           "fresh_uid_block", "kill_uid", "python_links", "python_paths", "reap_uid", "reap_uids", "release_uid_block",
-           "setpriv_argv", "uid_processes"]
+__all__ = ["SANDBOX_CWD", "TOOL_UID_BLOCK", "UID_REGISTRY_PATHS", "UidBlockExhausted", "bwrap_argv", "bwrap_problem",
+           "delegation_problem", "fresh_uid", "fresh_uid_block", "kill_uid", "python_links", "python_paths", "reap_uid",
+           "reap_uids", "release_uid", "release_uid_block", "setpriv_argv", "uid_processes"]

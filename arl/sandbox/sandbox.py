@@ -104,6 +104,7 @@ from arl.sandbox.bwrap import (
     python_links,
     python_paths,
     reap_uid,
+    release_uid,
     setpriv_argv,
     uid_processes,
 )
@@ -245,7 +246,8 @@ class Sandbox:
         self._procs: set[asyncio.subprocess.Process] = set()
         self._starting = 0  # `_start` calls between their reap check and `_procs`: they will use the uid
         self._reaping = False  # the uid's leftovers are being killed: no command starts meanwhile
-        self._finalizer = weakref.finalize(self, _cleanup, str(self.workdir), self.workdir_mounted, self.cgroup)
+        self._finalizer = weakref.finalize(self, _cleanup, str(self.workdir), self.workdir_mounted, self.cgroup,
+                                           self.uid)
 
     # -- commands --------------------------------------------------------------------------------
     async def run(
@@ -537,9 +539,11 @@ def _unmount(path: str) -> None:
     _libc().umount2(os.fsencode(path), _MNT_DETACH)
 
 
-def _cleanup(path: str, mounted: bool, cgroup: Cgroup | None) -> None:
+def _cleanup(path: str, mounted: bool, cgroup: Cgroup | None, uid: int | None = None) -> None:
     """Close a sandbox: its cgroup's processes killed and the cgroup removed, the work dir (and its
-    tmpfs) removed."""
+    tmpfs) removed, its uid given back (`release_uid`)."""
+    if uid is not None:
+        release_uid(uid)
     if cgroup is not None:
         cgroup.remove()
     if mounted:
