@@ -44,7 +44,7 @@ from typing import Any, get_args
 import anyio
 import attrs
 
-from arl._renamed import old_names
+from arl._renamed import old_names, renamed_fields
 from arl.agents.gym_runner import GymRunner
 from arl.agents.runner import AgentRunner, EpisodeResult, StepReport
 from arl.config import Granularity, KeepBranches, ManagerConfig, ProxyConfig, Transport
@@ -147,6 +147,7 @@ def _no_call_error(result: EpisodeResult | None, runner: Any, refused: int) -> s
 _CURRENT: contextvars.ContextVar[list[_Episode]] = contextvars.ContextVar("arl_proxy_episode")
 
 
+@renamed_fields(tracker_mode="granularity")  # the old name, as a keyword and an attribute (deprecated)
 class ProxyEnvManager(EnvManager):
     """Runs agent code (an `AgentRunner`) per episode and builds samples from its model calls.
 
@@ -169,12 +170,8 @@ class ProxyEnvManager(EnvManager):
         model_name: str = "arl",
         chat_template_kwargs: dict[str, Any] | None = None,
         runner_for: Any = None,  # deprecated: a config -> (client, spec) -> runner; give runner_factory
-        tracker_mode: Granularity | None = None,  # deprecated: the old name of granularity
     ) -> None:
         super().__init__(engine, config)
-        if tracker_mode is not None:
-            warnings.warn("ProxyEnvManager(tracker_mode=...) is renamed granularity", DeprecationWarning, stacklevel=2)
-            granularity = tracker_mode
         for name, value, choices in (("transport", transport, Transport),
                                      ("granularity", granularity, Granularity)):
             if value not in get_args(choices):
@@ -232,12 +229,6 @@ class ProxyEnvManager(EnvManager):
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key=token, max_retries=0,
                                     http_client=self._http_client)
         return client, token
-
-    @property
-    def tracker_mode(self) -> str:
-        """Deprecated: the old name of `granularity`."""
-        warnings.warn("ProxyEnvManager.tracker_mode is renamed granularity", DeprecationWarning, stacklevel=2)
-        return self.granularity
 
     def derive(self, config: ManagerConfig | None = None, engine: Any = None) -> ProxyEnvManager:
         """The same agent, transport and tracker with another config (the validation manager's
