@@ -29,7 +29,8 @@ from attrs import validators as v
 __all__ = [  # the public names (docs/architecture.md §10; tests/test_public_api.py holds them to it)
     "AGENT_SAMPLING", "BACKENDS", "CONFIG_DIR", "DEFAULT_MODEL", "DEMO_CONFIG", "FORK_AT", "MODES", "PRECISIONS",
     "RENAMED_KEYS", "AlgoConfig", "ConfigError", "EngineConfig", "EvalConfig", "ForkConfig", "Granularity",
-    "KeepBranches", "LoRAConfig", "ManagerConfig", "OptimConfig", "ProxyConfig", "RolloutConfig", "RunExistsError",
+    "KV_AFTER_PUSH", "KeepBranches", "LoRAConfig", "ManagerConfig", "OptimConfig", "PartialConfig", "ProxyConfig",
+    "RolloutConfig", "RunExistsError",
     "SFTConfig", "TrainConfig", "Transport", "apply_overrides", "load_config", "packaged_configs",
     "read_config_data", "resolve_config_path", "structure", "to_yaml", "unstructure",
 ]
@@ -179,6 +180,24 @@ class ProxyConfig:
 
 
 MODES = ("traj", "step", "proxy")  # rollout.mode
+KV_AFTER_PUSH = ("recompute", "keep")  # rollout.partial.kv
+
+
+@attrs.define
+class PartialConfig:
+    """Partial rollouts (`arl.rollout.partial`): episodes still running at an update are carried over
+    into the next step and resume under the new weights, instead of being waited for or discarded.
+    Off by default: it trains on tokens of older policies (corrected by the truncated importance
+    weight, ``algo.is_cap``), which a researcher chooses, knowing it."""
+
+    enabled: bool = False
+    # groups kept in flight beyond the num_groups a step trains on: the ones still running at an update
+    carry_over_groups: int = attrs.field(default=1, validator=v.ge(0))
+    # the most updates an episode may live through before it is trained; older ones are dropped (counted)
+    max_age: int = attrs.field(default=1, validator=v.ge(0))
+    # a resumed episode's prompt KV after a weight push: recompute (under the new weights) | keep
+    # (the old policy's KV, reused; needs an engine with a prefix cache: vllm)
+    kv: str = attrs.field(default="recompute", validator=v.in_(KV_AFTER_PUSH))
 
 
 @attrs.define
@@ -197,10 +216,14 @@ class RolloutConfig:
     spare_groups: int = attrs.field(default=0, validator=v.ge(0))
     manager: ManagerConfig = attrs.Factory(ManagerConfig)
     proxy: ProxyConfig = attrs.Factory(ProxyConfig)
+    partial: PartialConfig = attrs.Factory(PartialConfig)
 
     def __attrs_post_init__(self) -> None:
         if self.manager.fork.k and self.mode != "step":
             raise ValueError(f"rollout.manager.fork needs rollout.mode=step (a fork samples step prompts), not {self.mode!r}")
+        if self.partial.enabled and (self.max_staleness > 0 or self.spare_groups > 0):
+            raise ValueError("rollout.partial carries unfinished groups over instead of overlapping the next rollout "
+                             "(max_staleness) or discarding the slowest groups (spare_groups): use one of them")
 
 
 # -- training -----------------------------------------------------------------------------------
@@ -346,6 +369,13 @@ class TrainConfig:
         if self.rollout.manager.fork.k and self.algo.estimator in ("grpo", "reinforce"):
             raise ValueError(f"rollout.manager.fork with algo.estimator={self.algo.estimator}: it would not read the "
                              "forked groups (their branch rows are no episodes): use gigpo")
+        partial = self.rollout.partial
+        if partial.enabled and self.algo.is_cap is None:
+            raise ValueError("rollout.partial trains tokens sampled by older policies: it needs the truncated "
+                             "importance weight against their behaviour log-probs (algo.is_cap), not None")
+        if partial.enabled and partial.kv == "keep" and (self.lora.rank > 0 or self.engine.sleep_mode):
+            raise ValueError("rollout.partial.kv=keep cannot keep KV across a LoRA adapter push (vLLM keys its prefix "
+                             "cache by adapter) or through engine.sleep_mode (sleep drops the KV cache): use recompute")
         if self.engine.sleep_mode and self.rollout.max_staleness > 0:
             raise ValueError("engine.sleep_mode and rollout.max_staleness=1 exclude each other: the overlapped "
                              "rollout runs on the engine during the update, when sleep mode would free it")

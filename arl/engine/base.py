@@ -216,7 +216,8 @@ class Engine(Protocol):
         self, prompt_ids: Sequence[int], params: SamplingParams
     ) -> Generation | list[Generation]: ...
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *,
+                             keep_kv: bool = False) -> None: ...
 
     async def update_adapter(self, adapter: LoRAAdapter | str | os.PathLike[str]) -> None: ...
 
@@ -238,6 +239,9 @@ class BaseEngine(abc.ABC):
     name = "base"
     supports_constraints = False  # can it enforce SamplingParams.constraint (constrained decoding)?
     native_stop_strings = False  # does the backend stop at SamplingParams.stop itself? else cut afterwards
+    # does the backend keep prompt KV across requests (a prefix cache), so that `update_weights(...,
+    # keep_kv=True)` has something to keep? Those without one compute every prompt afresh.
+    caches_prefixes = False
 
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int):
         self.tokenizer = tokenizer
@@ -266,10 +270,25 @@ class BaseEngine(abc.ABC):
             gens = [self._cut_at_stop(gen, params.stop) for gen in gens]
         return gens[0] if params.n == 1 else gens
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new policy weights (HF parameter names) and bump `policy_version`."""
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *,
+                             keep_kv: bool = False) -> None:
+        """Load new policy weights (HF parameter names) and bump `policy_version`.
+
+        The KV cached for earlier prompts was computed by the old weights: by default it is dropped,
+        so every later prompt is computed afresh under the new ones (recompute). ``keep_kv=True``
+        keeps it, so a prompt that extends a cached prefix (a partial rollout's resumed episode,
+        `arl.rollout.partial`) reuses KV of the old policy: only backends with a prefix cache
+        (``caches_prefixes``) can, the others refuse (`EngineUnsupportedError`) rather than
+        silently recompute."""
         self._check_open()
-        await self._update_weights(named_tensors)
+        if keep_kv:
+            if not self.caches_prefixes:
+                raise EngineUnsupportedError(
+                    f"the {self.name} engine keeps no KV across requests (no prefix cache): there is no KV to keep "
+                    "after a weight push, every prompt is recomputed (rollout.partial.kv: recompute)")
+            await self._update_weights(named_tensors, keep_kv=True)  # type: ignore[call-arg]
+        else:
+            await self._update_weights(named_tensors)
         self.policy_version += 1
 
     async def update_adapter(self, adapter: LoRAAdapter | str | os.PathLike[str]) -> None:

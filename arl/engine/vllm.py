@@ -274,13 +274,13 @@ class VLLMEngine(VLLMBackend):
             self._work.set()
             raise
 
-    async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+    async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], keep_kv: bool = False) -> None:
         if self._dead is not None:  # a failed engine core cannot load weights either: say so
             raise EngineError(f"vLLM engine is dead after an earlier failure: {self._dead!r}")
         self._check_awake()
-        await asyncio.to_thread(self._reload, named_tensors)
+        await asyncio.to_thread(self._reload, named_tensors, keep_kv)
 
-    def _reload(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+    def _reload(self, named_tensors: Iterable[tuple[str, Any]], keep_kv: bool = False) -> None:
         # reload_weights goes through the model's own load_weights with checkpoint names (HF
         # format) and re-runs the CPU backend's weight repacking; a raw model.load_weights does not.
         # Runs in a worker thread; the driver waits for the lock between steps, and requests that
@@ -291,7 +291,8 @@ class VLLMEngine(VLLMBackend):
                 kwargs={"weights_iterator": iter(list(in_engine_dtype(named_tensors, self._dtype))),
                         "is_checkpoint_format": True},
             )
-            self._engine.reset_prefix_cache()
+            if not keep_kv:  # cached KV was computed by the old weights (keep_kv: reused, stale, on purpose)
+                self._engine.reset_prefix_cache()
             self._serve(None)  # new weights are a new policy: an adapter trained on the old base is dropped
 
     async def _update_adapter(self, adapter: LoRAAdapter) -> None:

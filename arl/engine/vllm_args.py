@@ -163,6 +163,7 @@ class VLLMBackend(BaseEngine):
 
     supports_constraints = True  # vLLM structured outputs (xgrammar): to_vllm_constraint
     native_stop_strings = True  # vLLM matches SamplingParams.stop as tokens arrive (to_vllm_params)
+    caches_prefixes = True  # automatic prefix caching (engine_kwargs): update_weights(keep_kv=True) keeps it
 
     def __init__(
         self,

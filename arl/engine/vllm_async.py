@@ -239,17 +239,17 @@ class AsyncVLLMEngine(VLLMBackend):
         return final, None if adapter is None else adapter.version
 
     # -- weights ----------------------------------------------------------------------------------
-    async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+    async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]], keep_kv: bool = False) -> None:
         self._check_awake()
         # Iterating the caller's tensors and serializing them is CPU work: keep it off both loops.
         try:
-            await asyncio.to_thread(self._push_weights, named_tensors)
+            await asyncio.to_thread(self._push_weights, named_tensors, keep_kv)
         except EngineError:
             raise
         except Exception as exc:
             raise EngineError(f"vLLM weight update failed: {exc!r}") from exc
 
-    def _push_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+    def _push_weights(self, named_tensors: Iterable[tuple[str, Any]], keep_kv: bool = False) -> None:
         """On a worker thread: stream safetensors chunks to the worker, then load them at once."""
         first = True
         for chunk in chunk_state(in_engine_dtype(named_tensors, self._dtype), self.weight_chunk_bytes):
@@ -257,13 +257,14 @@ class AsyncVLLMEngine(VLLMBackend):
             self._submit(self._llm.collective_rpc("arl_stage_safetensors", args=(blob, first))).result()
             first = False
         if not first:
-            self._submit(self._load_staged()).result()
+            self._submit(self._load_staged(keep_kv)).result()
 
-    async def _load_staged(self) -> None:
+    async def _load_staged(self, keep_kv: bool = False) -> None:
         await self._llm.collective_rpc("arl_load_staged")
         # Cached KV blocks were computed by the old weights. Returns False while running requests
-        # hold blocks (those keep their stale prefix; new ones recompute).
-        await self._llm.reset_prefix_cache()
+        # hold blocks (those keep their stale prefix; new ones recompute). keep_kv: reused on purpose.
+        if not keep_kv:
+            await self._llm.reset_prefix_cache()
         await self._serve(None)  # new weights are a new policy: an adapter trained on the old base is dropped
 
     # -- LoRA adapters ----------------------------------------------------------------------------

@@ -101,6 +101,7 @@ class EnvManager(abc.ABC):
 
     mode: str = "base"
     forks: bool = False  # plays `config.fork` (arl.rollout.fork.ForkEnvManager); the others refuse it
+    gate: Any = None  # a partial rollout's RequestGate (arl.rollout.partial) that every engine request passes
 
     def __init__(self, engine: Any, config: ManagerConfig | None = None):
         self.engine = engine
@@ -191,12 +192,20 @@ class EnvManager(abc.ABC):
         return limit is None or prompt_len + self.config.max_tokens <= limit
 
     async def generate(self, traj: Trajectory, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
-        """engine.generate, timed into traj.timings["generate"]."""
+        """engine.generate, timed into traj.timings["generate"]. With a ``gate`` (a partial rollout's
+        `arl.rollout.partial.RequestGate`) the request first waits while the gate is closed (an update
+        is under way; the wait is timed into traj.timings["paused"], not "generate")."""
+        gate = self.gate
+        if gate is not None:
+            await gate.enter(traj)
         start = time.perf_counter()
+        gen: Any = None
         try:
             gen = await self.engine.generate(prompt_ids, params)
         finally:
             traj.timings["generate"] += time.perf_counter() - start
+            if gate is not None:
+                gate.leave(traj, gen)
         if isinstance(gen, list):  # n > 1 is not how managers sample
             gen = gen[0]
         return gen
@@ -217,15 +226,19 @@ class EnvManager(abc.ABC):
         return turn, obs, terminated, truncated
 
     def take(
-        self, traj: Trajectory, env: Any, prompt_ids: Sequence[int], observation: str, gen: Generation
+        self, traj: Trajectory, env: Any, prompt_ids: Sequence[int], observation: str, gen: Generation,
+        text: str | None = None,
     ) -> tuple[Turn, str, bool, bool]:
         """The env step ``gen``'s reply drives, as a Turn that is not recorded on ``traj`` (a forked
         branch's turns are not the trajectory's): (turn, next observation, terminated, truncated).
 
         The turn's ``state_key`` is GiGPO's anchor key of ``observation``'s state, taken before
         the step moves the env on (`anchor_key`: the game's ``state_key()``, or the observation's
-        hash for an env that is not an arl game, which ``info["state_key_source"]`` then says)."""
-        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        hash for an env that is not an arl game, which ``info["state_key_source"]`` then says).
+        ``text``: the reply as a model server sent it, when there are no token ids to decode
+        (`arl.rollout.remote`)."""
+        if text is None:
+            text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         key, source = self.env_call(traj, anchor_key, env, observation)
         obs, reward, terminated, truncated, info = self.env_call(traj, env.step, text)
         info = {**info, "state_key_source": source}

@@ -45,6 +45,7 @@ from arl.rollout.runners import (
     push_runner,
     tool_runner,
 )
+from arl.rollout.partial import PartialScheduler
 from arl.rollout.scheduler import GroupScheduler
 from arl.rollout.step import StepEnvManager
 from arl.rollout.traj import TrajEnvManager
@@ -74,11 +75,15 @@ def make_manager(engine: Any, rollout: RolloutConfig, manager_config: ManagerCon
 
 def make_scheduler(rollout: RolloutConfig, seed: int = 0, **overrides: Any) -> GroupScheduler:
     """Training groups of ``rollout``: level seeds start at ``seed * 1_000_003`` (so two run seeds
-    never share levels); ``overrides`` replace constructor arguments (e.g. ``num_groups``)."""
+    never share levels); ``overrides`` replace constructor arguments (e.g. ``num_groups``). With
+    ``rollout.partial.enabled`` a `PartialScheduler` (unfinished groups carried over updates)."""
     kwargs = {"num_groups": rollout.num_groups, "group_size": rollout.group_size,
-              "base_seed": seed * 1_000_003, "max_concurrency": rollout.max_concurrency,
-              "spare_groups": rollout.spare_groups, **overrides}
-    return GroupScheduler(rollout.env_id, **kwargs)
+              "base_seed": seed * 1_000_003, "max_concurrency": rollout.max_concurrency}
+    if rollout.partial.enabled:
+        p = rollout.partial
+        return PartialScheduler(rollout.env_id, **{**kwargs, "carry_over_groups": p.carry_over_groups,
+                                                   "max_age": p.max_age, **overrides})
+    return GroupScheduler(rollout.env_id, **{**kwargs, "spare_groups": rollout.spare_groups, **overrides})
 
 
 async def close_manager(manager: Any) -> None:

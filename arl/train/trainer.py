@@ -37,11 +37,12 @@ import numpy as np
 import torch
 
 from arl.algo import estimators
-from arl.config import RunExistsError, TrainConfig, unstructure
+from arl.config import ConfigError, RunExistsError, TrainConfig, unstructure
 from arl.engine import make_engine
 from arl.models import resolve_model
 from arl.rollout import Sample, collate
 from arl.rollout.factory import check_rollout, close_manager, make_manager, make_scheduler
+from arl.rollout.partial import PartialScheduler
 from arl.rollout.records import sampling_counts
 from arl.rollout.scheduler import check_batch
 from arl.train import episodes, lora
@@ -104,6 +105,7 @@ class Trainer:
         self.push_bytes = 0  # what the last weight push moved into the engine
         self.pushed = "nothing"  # what it was, in words (for WeightSyncError)
         self.canary: SyncCanary | None = None  # the weight-sync check after pushes (canary.py)
+        self.partial = False  # rollout.partial: set in setup() (the scheduler is a PartialScheduler)
         self._ready = False
 
     # -- set-up ------------------------------------------------------------------------------------
@@ -155,6 +157,10 @@ class Trainer:
             self.val_manager = self.manager.derive(attrs.evolve(self.manager.config, temperature=c.eval.temperature))
             self._owned_managers.append(self.val_manager)
         self.groups = make_scheduler(c.rollout, c.seed)
+        self.partial = isinstance(self.groups, PartialScheduler)  # rollout.partial: episodes carried over updates
+        if self.partial and c.rollout.partial.kv == "keep" and not getattr(self.engine, "caches_prefixes", False):
+            raise ConfigError(f"rollout.partial.kv=keep: the {getattr(self.engine, 'name', type(self.engine).__name__)} "
+                              "engine keeps no KV across requests, so there is none to keep: use recompute or vllm")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(self.run_dir, self.config)  # the resolved config, beside what it produced (`arl view` reads it)
         ckpt = latest_checkpoint(self.run_dir) if self.resume else None
@@ -166,6 +172,8 @@ class Trainer:
             extra = state.get("extra_state") or {}
             self.history = list(extra.get("history", []))
             self.rng.bit_generator.state = extra["rng"]
+            if self.partial:  # new groups after the checkpoint's; the ones it had in flight are dropped, counted
+                self.groups.restore(extra.get("partial"))
             if self.ref_model is not None and not self.lora:
                 load_reference(self.run_dir, self.ref_model, warm_started=c.sft.steps > 0)
         # The engine must serve this policy: an injected engine may hold another run's weights, and a
@@ -218,7 +226,9 @@ class Trainer:
             serving = getattr(self.engine, "policy_version", None)  # the version the engine serves before this update
             train_metrics = await self._update_policy(samples, advantages, timings)
             with _timed(timings, "timing/weight_push_s"):
-                await self.push_weights()
+                await self.push_weights(keep_kv=self.partial and self.config.rollout.partial.kv == "keep")
+            if self.partial:  # the carried episodes' requests go on, under the new weights
+                self.groups.resume()
             sync_metrics = await self._check_sync()
             self.step_count += 1
             metrics = {**batch.metrics, **adv_stats, **train_metrics, **sync_metrics,
@@ -291,7 +301,10 @@ class Trainer:
         stats = getattr(self.engine, "engine_stats", lambda: None)  # an engine outside arl's contract has none
         before = stats()
         started = time.perf_counter()
-        batch = await self.groups.run(self.manager, self.groups.specs(step), keep_groups=self.groups.num_groups)
+        if self.partial:  # returns with the engine's requests stopped and drained, until `resume`
+            batch = await self.groups.collect(self.manager, step)
+        else:
+            batch = await self.groups.run(self.manager, self.groups.specs(step), keep_groups=self.groups.num_groups)
         if before is not None:  # what the engine did meanwhile (an evaluation overlapping it counts too)
             wall = time.perf_counter() - started
             delta = {k: v - before[k] for k, v in stats().items()}
@@ -357,12 +370,16 @@ class Trainer:
                 self._sampling_warned.add(key)
                 log.warning("step %d: %s", self.step_count, text)
 
-    async def push_weights(self, base: bool = False) -> None:
-        """New policy weights into the engine (which also resets its prefix cache). Under LoRA only
-        the adapter, after the base weights when ``base`` (the engine serves the adapter on them)."""
+    async def push_weights(self, base: bool = False, keep_kv: bool = False) -> None:
+        """New policy weights into the engine (which also resets its prefix cache, unless ``keep_kv``:
+        ``rollout.partial.kv: keep``). Under LoRA only the adapter, after the base weights when
+        ``base`` (the engine serves the adapter on them)."""
         if not self.lora:
             state = [(name, t.detach()) for name, t in self.model.state_dict().items()]
-            await self.engine.update_weights(state)
+            if keep_kv:
+                await self.engine.update_weights(state, keep_kv=True)
+            else:
+                await self.engine.update_weights(state)
             self.push_bytes = sum(t.numel() * t.element_size() for _, t in state)
             self.pushed = "the full weights"
             return
@@ -457,6 +474,8 @@ class Trainer:
         save_checkpoint(
             self.run_dir, self.step_count, self.model, self.tokenizer, self.optimizer, self.lr_schedule,
             extra_state={"history": self.history, "rng": self.rng.bit_generator.state,
+                         # partial rollouts: the next group's seed; the groups in flight are not saved
+                         **({"partial": self.groups.state()} if self.partial else {}),
                          "config": unstructure(self.config),
                          # what actually played the rollout: an injected manager is not in the config
                          "rollout": {"manager": type(self.manager).__name__, "mode": getattr(self.manager, "mode", None),
@@ -466,6 +485,8 @@ class Trainer:
 
     async def close(self) -> None:
         await self._cancel_prefetch()
+        if self.partial:  # no episode of a partial rollout outlives the run
+            await self.groups.aclose()
         if getattr(self, "logger", None) is not None:
             self.logger.close()
         for manager in self._owned_managers:

@@ -120,14 +120,14 @@ def policy_update(
     out = {f"train/{k}": float(np.mean(v)) for k, v in metrics.items()}
     out.update({f"train/{k}": v for k, v in mismatch_tail(
         torch.cat(tail[0]).numpy() if tail[0] else np.zeros(0), torch.cat(tail[1]).numpy() if tail[1] else np.zeros(0),
-        clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high).items()})
+        clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, is_cap=algo.is_cap).items()})
     out.update({"train/skipped_updates": float(skipped), "train/num_samples": float(n),
                 "train/num_response_tokens": float(mask.sum())})
     return out
 
 
 def mismatch_tail(trainer_logprobs: Any, engine_logprobs: Any, *, clip_eps_low: float = 0.2,
-                  clip_eps_high: float = 0.2, q: float = 0.99) -> dict[str, float]:
+                  clip_eps_high: float = 0.2, q: float = 0.99, is_cap: float | None = None) -> dict[str, float]:
     """The tail of the trainer/engine log-prob mismatch, over response tokens (1-D, one per token).
 
     The mean gap (``train/logprob_gap``) hides the few tokens where the two disagree most, and those
@@ -138,6 +138,15 @@ def mismatch_tail(trainer_logprobs: Any, engine_logprobs: Any, *, clip_eps_low: 
                                [1 - clip_eps_low, 1 + clip_eps_high]: already "clipped" before the
                                update has moved the policy at all
 
+    With ``is_cap`` (``algo.is_cap``: the loss weights each token by the truncated importance weight
+    w = min(exp(trainer - engine), is_cap)), the weight's tails too, token level, before truncation:
+
+      is_weight_p01, is_weight_p99   the (1 - q)- and q-quantiles of exp(trainer - engine)
+      is_weight_capped_frac          fraction of tokens whose weight the cap truncates (w > is_cap)
+
+    Tokens sampled by an older policy (a partial rollout's carried episodes, an overlapped step)
+    move these tails; a growing capped fraction says the correction is discarding signal.
+
     ``trainer_logprobs`` are the trainer's log-probs of the sampled tokens before the update (PPO's
     old policy), ``engine_logprobs`` the engine's, at the same temperature. No tokens: nothing to
     measure, so no keys.
@@ -147,6 +156,12 @@ def mismatch_tail(trainer_logprobs: Any, engine_logprobs: Any, *, clip_eps_low: 
 
     >>> {k: round(v, 4) for k, v in mismatch_tail([0.0, -1.0, -2.0, -3.0], [0.0, -1.0, -2.5, -2.0]).items()}
     {'logprob_gap_p99': 0.985, 'ratio_outside_clip_frac': 0.5}
+
+    Weights 1, 1, 1.65, 0.37 under a cap of 1.5: one of four is truncated:
+
+    >>> tail = mismatch_tail([0.0, -1.0, -2.0, -3.0], [0.0, -1.0, -2.5, -2.0], is_cap=1.5)
+    >>> round(tail["is_weight_p99"], 3), round(tail["is_weight_p01"], 3), tail["is_weight_capped_frac"]
+    (1.629, 0.387, 0.25)
     """
     ours = np.asarray(trainer_logprobs, dtype=np.float64)
     theirs = np.asarray(engine_logprobs, dtype=np.float64)
@@ -157,8 +172,12 @@ def mismatch_tail(trainer_logprobs: Any, engine_logprobs: Any, *, clip_eps_low: 
     log_ratio = ours - theirs
     ratio = np.exp(np.minimum(log_ratio, 50.0))  # overflow only past any meaning; the fraction is unchanged
     outside = (ratio < 1.0 - clip_eps_low) | (ratio > 1.0 + clip_eps_high)
-    return {"logprob_gap_p99": float(np.quantile(np.abs(log_ratio), q)),
-            "ratio_outside_clip_frac": float(outside.mean())}
+    out = {"logprob_gap_p99": float(np.quantile(np.abs(log_ratio), q)),
+           "ratio_outside_clip_frac": float(outside.mean())}
+    if is_cap is not None:
+        out.update({"is_weight_p01": float(np.quantile(ratio, 1.0 - q)), "is_weight_p99": float(np.quantile(ratio, q)),
+                    "is_weight_capped_frac": float((ratio > is_cap).mean())})
+    return out
 
 
 def sequence_logprobs(model: Any, batch: dict[str, Any], indices: Any, temperature: float | None,

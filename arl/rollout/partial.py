@@ -1,0 +1,254 @@
+"""Partial rollouts: unfinished episodes are carried over an update and resume under the new weights
+(``rollout.partial``, docs/reference.md §2; off by default: a researcher chooses it).
+
+A step's slowest episode no longer holds its update, and its tokens are not thrown away (what
+``rollout.spare_groups`` does). `PartialScheduler.collect` keeps ``num_groups + carry_over_groups``
+groups in flight, each episode its own asyncio task that lives across steps:
+
+1. it tops the groups in flight up to ``num_groups + carry_over_groups`` (new groups, new seeds);
+2. it waits until ``num_groups`` groups have finished every member;
+3. it closes the `RequestGate` every engine request of the manager passes (`EnvManager.generate`):
+   no new request reaches the engine, and the requests already running are **drained** (awaited to
+   their end), not aborted, so no generated token is lost and no reply straddles a weight push;
+   episodes go on with their env steps meanwhile and wait at the gate for their next model call;
+4. it returns the oldest ``num_groups`` finished groups as the batch (a group trains only when all
+   its members finished: GRPO and GiGPO compare whole groups); the others are carried over intact,
+   their turns with their tokens, masks, behaviour log-probs and the policy version that sampled
+   each turn (every token of a turn comes from one version: the gate is drained before a push);
+5. groups that would be older than ``max_age`` updates when the next step trains them are
+   cancelled and dropped, counted (``rollout/partial_dropped_*``, their generated tokens included).
+
+The trainer then updates, pushes the weights (``rollout.partial.kv``: the engine drops the KV of
+the old weights and recomputes a resumed episode's prompt, or keeps it; `BaseEngine.update_weights`)
+and calls `resume`, which opens the gate: the carried episodes' next turns are sampled by the new
+policy. Their older tokens are trained with the truncated importance weight against the behaviour
+log-probs they were sampled with (``algo.is_cap``, required).
+
+Seeds: group n (0, 1, 2, ... in launch order over the whole run) plays env seed ``base_seed + n``,
+its id ``"{tag}_{n}_{seed}"``. A checkpoint saves the next n (`state`), not the episodes in flight:
+a resumed run drops them, counted in its first step (``rollout/partial_dropped_on_resume``), and
+starts new groups after them, so no level repeats and no token is trained twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import attrs
+
+from arl.rollout.base import EnvManager, Episode
+from arl.rollout.metrics import rollout_metrics
+from arl.rollout.records import EpisodeSpec, Trajectory
+from arl.rollout.scheduler import GroupScheduler, RolloutBatch, _group
+
+__all__ = ["PartialScheduler", "RequestGate", "tokens_by_lag"]
+
+
+class RequestGate:
+    """The switch between a manager's episodes and its engine: open, requests pass; closed, new
+    requests wait and `drain` returns once the ones already running have finished. It also counts
+    the response tokens generated per group (``tokens``), for what a dropped group wasted.
+
+    One event loop only (the trainer's)."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.in_flight = 0
+        self.held = 0  # requests that found the gate closed and waited
+        self.tokens: Counter[str] = Counter()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    async def enter(self, traj: Trajectory) -> None:
+        """Wait while the gate is closed (timed into ``traj.timings["paused"]``), then count the request in."""
+        if not self._open.is_set():
+            self.held += 1
+            start = time.perf_counter()
+            while not self._open.is_set():  # closed again before this waiter ran: wait again
+                await self._open.wait()
+            traj.timings["paused"] = traj.timings.get("paused", 0.0) + time.perf_counter() - start
+        self.in_flight += 1
+        self._idle.clear()
+
+    def leave(self, traj: Trajectory, generation: Any) -> None:
+        """Count a finished (or failed: ``generation`` None) request out."""
+        self.in_flight -= 1
+        gens = generation if isinstance(generation, list) else [generation] if generation is not None else []
+        self.tokens[traj.group_id] += sum(len(g.token_ids) for g in gens)
+        if self.in_flight == 0:
+            self._idle.set()
+
+    def close(self) -> None:
+        """No new request passes from now on."""
+        self._open.clear()
+
+    async def drain(self) -> None:
+        """Return once no request is running (call after `close`)."""
+        await self._idle.wait()
+
+    def open(self) -> None:
+        self._open.set()
+
+
+@attrs.define(eq=False)
+class _Group:
+    group_id: str
+    born: int  # the training step during whose rollout it was launched
+    specs: list[EpisodeSpec]
+    tasks: list[asyncio.Task]
+
+    @property
+    def done(self) -> bool:
+        return all(t.done() for t in self.tasks)
+
+    @property
+    def running(self) -> int:
+        return sum(not t.done() for t in self.tasks)
+
+
+class PartialScheduler(GroupScheduler):
+    """A `GroupScheduler` whose training rollout (`collect`) carries unfinished groups over updates
+    (module docstring). Validation (`val_specs`, `run`) is the plain scheduler's."""
+
+    def __init__(self, env_id: str, num_groups: int, group_size: int, base_seed: int = 0, tag: str = "train",
+                 max_concurrency: int = 64, carry_over_groups: int = 1, max_age: int = 1):
+        super().__init__(env_id, num_groups, group_size, base_seed=base_seed, tag=tag, max_concurrency=max_concurrency)
+        if carry_over_groups < 0 or max_age < 0:
+            raise ValueError(f"carry_over_groups and max_age must be >= 0, got {carry_over_groups} and {max_age}")
+        self.carry_over_groups = carry_over_groups
+        self.max_age = max_age
+        self.gate = RequestGate()
+        self.next_group = 0  # the serial number of the next group launched (its seed: base_seed + it)
+        self._live: dict[str, _Group] = {}  # launch order
+        self._slots: asyncio.Semaphore | None = None
+        self._dropped_on_resume = 0
+
+    def specs(self, step: int) -> list[EpisodeSpec]:
+        raise TypeError("a partial rollout launches its groups itself: PartialScheduler.collect(manager, step)")
+
+    @property
+    def in_flight(self) -> list[str]:
+        """The group ids launched and not yet trained or dropped, in launch order."""
+        return list(self._live)
+
+    def _launch(self, manager: EnvManager, step: int) -> None:
+        n, self.next_group = self.next_group, self.next_group + 1
+        specs = _group(self.env_id, self.tag, n, self.base_seed + n, self.group_size)
+        tasks = [asyncio.ensure_future(self._play(manager, spec)) for spec in specs]
+        self._live[specs[0].group_id] = _Group(specs[0].group_id, step, specs, tasks)
+
+    async def _play(self, manager: EnvManager, spec: EpisodeSpec) -> Episode:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_concurrency)
+        async with self._slots:
+            return await manager.run_episode(spec)
+
+    async def collect(self, manager: EnvManager, step: int) -> RolloutBatch:
+        """The batch of training step ``step``: ``num_groups`` finished groups, with the engine's
+        requests stopped and drained when it returns (`resume` lets them go on after the push)."""
+        if manager.gate is None:
+            manager.gate = self.gate
+        elif manager.gate is not self.gate:
+            raise ValueError("the manager's requests pass another PartialScheduler's gate")
+        serving = getattr(manager.engine, "policy_version", None)
+        self.gate.open()
+        start = time.perf_counter()
+        while len(self._live) < self.num_groups + self.carry_over_groups:
+            self._launch(manager, step)
+        while sum(g.done for g in self._live.values()) < self.num_groups:
+            running = [t for g in self._live.values() for t in g.tasks if not t.done()]
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        collected = time.perf_counter()
+        self.gate.close()  # the update is next: stop new requests, let the running ones finish
+        drained = self.gate.in_flight
+        await self.gate.drain()
+        drain = time.perf_counter() - collected
+        take = [g for g in self._live.values() if g.done][: self.num_groups]  # the oldest finished ones
+        for g in take:
+            del self._live[g.group_id]
+            self.gate.tokens.pop(g.group_id, None)
+        too_old = [g for g in self._live.values() if step + 1 - g.born > self.max_age]
+        for g in too_old:
+            del self._live[g.group_id]
+            for t in g.tasks:
+                t.cancel()
+        await asyncio.gather(*(t for g in too_old for t in g.tasks), return_exceptions=True)
+        wall = time.perf_counter() - start
+
+        episodes = [t.result() for g in take for t in g.tasks]
+        groups = {g.group_id: [t.result() for t in g.tasks] for g in take}
+        metrics = rollout_metrics(episodes)
+        ages = [float(step - g.born) for g in take for _ in g.tasks]
+        metrics.update({
+            "rollout/partial_age_max": max(ages), "rollout/partial_age_mean": sum(ages) / len(ages),
+            "rollout/partial_carried_groups": float(len(self._live)),
+            "rollout/partial_carried_episodes": float(sum(g.running for g in self._live.values())),
+            "rollout/partial_dropped_groups": float(len(too_old)),
+            "rollout/partial_dropped_episodes": float(sum(len(g.tasks) for g in too_old)),
+            "rollout/partial_dropped_tokens": float(sum(self.gate.tokens.pop(g.group_id, 0) for g in too_old)),
+            "rollout/partial_drained_requests": float(drained),
+            "rollout/partial_drain_s": drain,
+        })
+        if self._dropped_on_resume:
+            metrics["rollout/partial_dropped_on_resume"] = float(self._dropped_on_resume)
+            self._dropped_on_resume = 0
+        if serving is not None:
+            metrics.update({f"rollout/tokens_lag_{k}": float(v)
+                            for k, v in sorted(tokens_by_lag([e.trajectory for e in episodes], serving).items())})
+        metrics["timing/rollout_s"] = wall
+        turns = metrics.get("rollout/num_turns", 0.0)
+        metrics["timing/rollout_turns_per_s"] = turns / wall if wall > 0 else 0.0
+        samples = [s for e in episodes for s in e.samples]
+        return RolloutBatch(episodes=episodes, groups=groups, samples=samples, metrics=metrics)
+
+    def resume(self) -> None:
+        """After the weight push: the carried episodes' requests go on, sampled by the new policy."""
+        self.gate.open()
+
+    def state(self) -> dict[str, int]:
+        """What a checkpoint keeps: the next group's serial number, and what is in flight (dropped on resume)."""
+        return {"next_group": self.next_group, "carried_groups": len(self._live),
+                "carried_episodes": sum(g.running for g in self._live.values())}
+
+    def restore(self, state: dict[str, int] | None) -> None:
+        """Continue after a checkpoint's `state`: new groups after its last one; the groups it had
+        in flight are not restored (their episodes' env state is gone) but counted."""
+        if state:
+            self.next_group = int(state["next_group"])
+            self._dropped_on_resume = int(state.get("carried_groups", 0))
+
+    async def aclose(self) -> None:
+        """Cancel every episode in flight (a run that ends leaves none behind)."""
+        tasks = [t for g in self._live.values() for t in g.tasks]
+        self._live.clear()
+        for t in tasks:
+            t.cancel()
+        self.gate.open()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def tokens_by_lag(trajectories: list[Trajectory], serving: int) -> dict[int, int]:
+    """Response tokens per policy lag: how many of the turns' tokens were sampled ``k`` versions
+    before ``serving`` (the engine's policy version when the batch was collected), for each k seen.
+
+    >>> from arl.rollout.records import Turn
+    >>> t = Trajectory(env_id="e", group_id="g", episode_id=0, seed=0)
+    >>> t.turns = [Turn(observation="", prompt_ids=[1], response_ids=[2, 3], response_logprobs=[0.0, 0.0],
+    ...                 policy_version=4),
+    ...            Turn(observation="", prompt_ids=[1], response_ids=[5], response_logprobs=[0.0], policy_version=5)]
+    >>> tokens_by_lag([t], serving=5)
+    {1: 2, 0: 1}
+    """
+    out: Counter[int] = Counter()
+    for traj in trajectories:
+        for turn in traj.turns:
+            out[serving - turn.policy_version] += len(turn.response_ids)
+    return dict(out)
