@@ -229,23 +229,27 @@ def _scores(model, prompt, response, temperature=1.0):
 
 
 async def _resumed_turn(engine, push):
-    """Play group 1's member across an update whose weight push is ``push()``; return its turns."""
+    """Play group 1's member across an update whose weight push is ``push()``; return its turns and
+    the prefix-cache hits (prompt tokens) of its resumed request (None where the engine keeps no stats)."""
     sched = PartialScheduler("arl/FrozenLake-v0", num_groups=1, group_size=1, carry_over_groups=1, max_age=2)
     manager = Held(engine, ManagerConfig(max_tokens=8, max_turns=2, temperature=1.0), hold={(1, 0)})
     try:
         await sched.collect(manager, 0)
         await push()
+        before = engine.engine_stats()
         manager.hold[(1, 0)].set()
-        sched.resume()
+        sched.resume()  # the resumed request is the only one until the next collect launches new groups
+        await _until(lambda: all(t.done() for t in sched._live["train_1_1"].tasks))
+        after = engine.engine_stats()
         batch = await sched.collect(manager, 1)
-        return batch.groups["train_1_1"][0].trajectory.turns
+        hits = None if before is None else after["prefix_cache_hits"] - before["prefix_cache_hits"]
+        return batch.groups["train_1_1"][0].trajectory.turns, hits
     finally:
         await sched.aclose()
 
 
-async def test_recompute_scores_the_resumed_prompt_with_the_new_weights(tiny_path):
-    """kv: recompute (the HF engine's only way): the resumed turn's log-probs are those of a fresh
-    forward over its whole prompt, old turns included, under the NEW weights, not the old ones."""
+def _perturbed(tiny_path):
+    """The tiny model (the old policy) and a copy with noise on every weight (the new one)."""
     import copy
 
     import torch
@@ -257,16 +261,65 @@ async def test_recompute_scores_the_resumed_prompt_with_the_new_weights(tiny_pat
     with torch.no_grad():
         for p in new.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return old, new
+
+
+async def test_recompute_scores_the_resumed_prompt_with_the_new_weights(tiny_path):
+    """kv: recompute (the HF engine's only way): the resumed turn's log-probs are those of a fresh
+    forward over its whole prompt, old turns included, under the NEW weights, not the old ones."""
+    import torch
+
+    old, new = _perturbed(tiny_path)
     engine = make_engine(backend="hf", model="tiny", max_model_len=2048)
     try:
-        turns = await _resumed_turn(engine, lambda: engine.update_weights(list(new.state_dict().items())))
-        assert [t.policy_version for t in turns] == [0, 1]
-        first, resumed = turns
+        (first, resumed), _ = await _resumed_turn(engine, lambda: engine.update_weights(list(new.state_dict().items())))
+        assert (first.policy_version, resumed.policy_version) == (0, 1)
         assert torch.allclose(torch.tensor(first.response_logprobs), _scores(old, first.prompt_ids, first.response_ids),
                               atol=1e-3)
         engine_lp = torch.tensor(resumed.response_logprobs)
         assert len(resumed.prompt_ids) > len(first.prompt_ids) + len(first.response_ids)  # it extends the old turn
         assert torch.allclose(engine_lp, _scores(new, resumed.prompt_ids, resumed.response_ids), atol=1e-3)
         assert not torch.allclose(engine_lp, _scores(old, resumed.prompt_ids, resumed.response_ids), atol=1e-2)
+    finally:
+        await engine.close()
+
+
+def _kept_scores(old, new, prompt, response, kept):
+    """Log-probs of ``response`` when the first ``kept`` prompt tokens' KV comes from ``old`` (kept
+    from before the push) and everything after is computed by ``new``."""
+    import torch
+
+    ids = torch.tensor([list(prompt) + list(response)])
+    with torch.no_grad():
+        past = old(input_ids=ids[:, :kept], use_cache=True).past_key_values
+        positions = torch.arange(kept, ids.shape[1])[None]
+        logits = new(input_ids=ids[:, kept:], past_key_values=past, position_ids=positions).logits[0]
+    logits = logits[len(prompt) - 1 - kept : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+@pytest.mark.vllm
+async def test_vllm_recompute_recomputes_and_keep_keeps_the_old_kv(tiny_path):
+    """On vLLM (a prefix cache): recompute drops the old weights' KV at the push, so the resumed
+    turn is scored as a fresh forward under the new weights with no cached prompt token; keep reuses
+    the cached blocks of the episode's earlier turn: its log-probs are exactly those of the old
+    weights' KV over the cached prefix and the new weights over the rest, and differ from recompute's."""
+    import torch
+
+    old, new = _perturbed(tiny_path)
+    engine = make_engine(backend="vllm", model="tiny", max_model_len=2048, kv_cache_memory_bytes=128 * 2**20)
+    try:
+        (first, resumed), hits = await _resumed_turn(engine, lambda: engine.update_weights(list(new.state_dict().items())))
+        assert hits == 0  # nothing cached survived the push: the whole prompt was recomputed
+        fresh = _scores(new, resumed.prompt_ids, resumed.response_ids)
+        assert torch.allclose(torch.tensor(resumed.response_logprobs), fresh, atol=2e-3)
+
+        await engine.update_weights(list(old.state_dict().items()))  # the old policy again, then keep
+        (first, resumed), hits = await _resumed_turn(
+            engine, lambda: engine.update_weights(list(new.state_dict().items()), keep_kv=True))
+        assert hits > 0 and hits % 128 == 0  # whole cached blocks of the earlier turn's tokens
+        kept = torch.tensor(resumed.response_logprobs)
+        assert torch.allclose(kept, _kept_scores(old, new, resumed.prompt_ids, resumed.response_ids, hits), atol=2e-3)
+        assert not torch.allclose(kept, _scores(new, resumed.prompt_ids, resumed.response_ids), atol=1e-2)
     finally:
         await engine.close()
