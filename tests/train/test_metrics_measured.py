@@ -52,6 +52,8 @@ MAY_BE_CONSTANT: tuple[tuple[str, float | None, str], ...] = (
     (r"train/skipped_updates", 0.0, "updates with a non-finite gradient norm"),
     (r"train/ratio_outside_clip_frac", 0.0, "trainer/engine ratios outside the clip range: none where the engine "
                                             "computes as the trainer does (the hf engine, fp32)"),
+    (r"train/is_weight_capped_frac", 0.0, "tokens whose importance weight the cap truncates: none where the engine "
+                                          "computes as the trainer does (the hf engine, fp32)"),
     (r"train/staleness_(mean|max)", 0.0, "versions between the sampling and the current policy: none when synchronous"),
     (r"train/sampling_.+", None, "how the tokens were drawn: the config's sampling (no greedy, truncated, "
                                  "constrained or overridden draws; its one temperature)"),
