@@ -15,6 +15,7 @@ import numpy as np
 from gymnasium import spaces
 
 from arl.envs.game import Game
+from arl.envs.render import frozen_lake_sprites, render_codes
 
 # Observation cell codes.
 FROZEN, HOLE, GOAL, PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = range(6)
@@ -65,7 +66,7 @@ class FrozenLakeEnv(Game):
     The step limit is enforced by the TimeLimit of the registered ids, not here.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
     action_names: list[str] = ["Left", "Down", "Right", "Up"]
     game_name = "frozen_lake"
     default_format_penalty = -0.01  # ROLL (docs/reference.md §1.3)
@@ -178,8 +179,16 @@ class FrozenLakeEnv(Game):
         reward = 1.0 if (at_goal and moved) else 0.0
         return self._obs(), reward, self._done(), False, self._info(moved)
 
-    def render(self) -> str | None:
-        return self.grid_text() if self.render_mode == "ansi" else None
+    def render(self) -> str | np.ndarray | None:
+        """gymnasium's convention: the grid text for ``"ansi"``, `frame()` for ``"rgb_array"``."""
+        if self.render_mode == "ansi":
+            return self.grid_text()
+        return self.frame() if self.render_mode == "rgb_array" else None
+
+    def frame(self) -> np.ndarray:
+        """The lake as an RGB image, ``uint8[28*size, 28*size, 3]``: one 28 px sprite per cell, one
+        image token per cell for a Qwen2-VL-family model (`arl.envs.render`); whatever the render mode."""
+        return render_codes(self._obs(), frozen_lake_sprites())
 
     # ------------------------------------------------------------------ helpers
     def _done(self) -> bool:

@@ -3,6 +3,8 @@
 Keys: w/a/s/d or the arrow keys move, q quits. On a terminal each key acts at once; with
 ``--line``, or when stdin is not a terminal (a pipe, a file, a test), input is read line by line
 and a line may also be an action name ("up", "left", ...) or several keys ("wwd").
+With ``--render DIR`` every state is also saved as an RGB frame, ``DIR/step_000.png`` onwards
+(the game's ``frame()``, what ``render_mode="rgb_array"`` returns: `arl.envs.render`).
 This module is a UI, so unlike the rest of the library it prints.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from arl.envs.text import TextEnv
 
@@ -83,10 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("env_id", nargs="?", default="arl/Sokoban-v0", help="e.g. arl/Sokoban-v0")
     parser.add_argument("--seed", type=int, default=None, help="level seed (default: random)")
     parser.add_argument("--line", action="store_true", help="read whole lines even on a terminal")
+    parser.add_argument("--render", type=Path, default=None, metavar="DIR",
+                        help="also save each state's RGB frame as DIR/step_NNN.png")
     args = parser.parse_args(argv)
 
     env = TextEnv(args.env_id)
     text, _info = env.reset(seed=args.seed)
+    save_frame = _frame_saver(env, args.render) if args.render is not None else (lambda step: None)
+    save_frame(0)
     print(env.instructions)
     print("Keys: w/a/s/d or arrows to move, q to quit (or type an action name and Enter).\n")
     limit = f"/{env.max_steps}" if env.max_steps is not None else ""
@@ -104,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         text, reward, terminated, truncated, info = env.step_action(token)
         total += reward
         steps += 1
+        save_frame(steps)
         moved = "" if info["action_effective"] else "  (no effect)"
         print(f"\n{token}{moved}\n{text}\nstep {steps}{limit}  reward {reward:+.2f}  return {total:.2f}")
         if terminated or truncated:
@@ -111,7 +119,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Episode finished: {outcome} Return {total:.2f} in {steps} steps.")
             break
     env.close()
+    if args.render is not None:
+        print(f"Frames saved in {args.render}/")
     return 0
+
+
+def _frame_saver(env: TextEnv, directory: Path):
+    """A function that writes the game's current frame as ``directory/step_{n:03d}.png``."""
+    from PIL import Image
+
+    frame = getattr(env.unwrapped, "frame", None)
+    if not callable(frame):
+        raise SystemExit(f"{type(env.unwrapped).__name__} draws no frames (it has no frame() method)")
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def save(step: int) -> None:
+        Image.fromarray(frame()).save(directory / f"step_{step:03d}.png")
+
+    return save
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from gymnasium import spaces
 from gymnasium.utils import seeding
 
 from arl.envs.game import Game
+from arl.envs.render import render_codes, sokoban_sprites
 
 # Observation cell codes (the Box observation holds these, one per cell).
 WALL, EMPTY, TARGET, BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = range(7)
@@ -197,7 +198,7 @@ class SokobanEnv(Game):
     rejects those. 8x8/2 boxes averages 10 moves, 10x10/2 boxes 14.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
     action_names: list[str] = ["Up", "Down", "Left", "Right"]
     game_name = "sokoban"
     default_format_penalty = -0.15  # ROLL trajectory mode (docs/reference.md §1.3)
@@ -340,8 +341,17 @@ class SokobanEnv(Game):
             reward += 10.0
         return self._obs(), float(reward), bool(solved), False, self._info(moved)
 
-    def render(self) -> str | None:
-        return self.grid_text() if self.render_mode == "ansi" else None
+    def render(self) -> str | np.ndarray | None:
+        """gymnasium's convention: the grid text for ``"ansi"``, `frame()` for ``"rgb_array"``."""
+        if self.render_mode == "ansi":
+            return self.grid_text()
+        return self.frame() if self.render_mode == "rgb_array" else None
+
+    def frame(self) -> np.ndarray:
+        """The room as an RGB image, ``uint8[28*h, 28*w, 3]``: one 28 px sprite per cell, one image
+        token per cell for a Qwen2-VL-family model (`arl.envs.render`); the same picture in either
+        vocabulary, whatever the render mode."""
+        return render_codes(self._obs(), sokoban_sprites())
 
     # ------------------------------------------------------------------ helpers
     def _obs(self) -> np.ndarray:
