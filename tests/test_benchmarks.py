@@ -131,6 +131,19 @@ def test_spare_groups_quick(tmp_path):
     assert rows["0"][0]["episodes"] == rows["1"][0]["episodes"] == 8  # the kept batch is the same size
 
 
+def test_partial_quick(tmp_path):
+    """Sync trains every token it generates; spare groups throw the cancelled groups' away; partial
+    rollouts carry them over, so what they waste is only what max_age dropped (the hf engine: no vllm)."""
+    results = _run("partial.py", tmp_path)["results"]
+    assert set(results) == {"sync", "spare 2", "partial 2"}
+    sync, spare, partial = results["sync"], results["spare 2"], results["partial 2"]
+    assert sync["generated"] == sync["trained"] > 0 and sync["wasted"] == 0 and sync["age_max"] == 0
+    assert spare["dropped_groups"] > 0 and spare["wasted"] > 0
+    assert partial["generated"] == partial["trained"] + partial["in_flight"] + partial["wasted"]
+    assert partial["dropped_groups"] > 0 or partial["wasted"] == 0
+    assert max(sync["env_s"]) > 5 * sorted(sync["env_s"])[len(sync["env_s"]) // 2]  # the workload's long tail
+
+
 @pytest.mark.vllm
 def test_learning_quick(tmp_path):
     result = _run("learning.py", tmp_path, timeout=180)  # ~50 s on 2 cores; the smoke size must stay < 90 s

@@ -1,0 +1,205 @@
+"""Partial rollouts on a long-tailed workload: sync vs spare groups vs carrying unfinished episodes over.
+
+    .venv/bin/python benchmarks/partial.py               # vLLM engine, 4 x 4 episodes, 6 measured steps per mode
+    .venv/bin/python benchmarks/partial.py --quick       # smoke size (hf engine, 2 x 2 episodes, 2 steps)
+    .venv/bin/python benchmarks/partial.py --alpha 1.0 --base-s 0.1 rollout.num_groups=8
+
+The workload: the demo config's game and model (no warm-start, ``rollout.manager.max_turns`` 4), each
+env step followed by a wait that does not block the event loop (as a sandboxed test run or a slow
+tool is awaited): ``base_s x scale``, where each episode's ``scale`` is drawn once from a Pareto
+distribution with tail index ``--alpha`` (minimum 1, capped at ``--cap``), seeded by the episode's
+group and member, so every mode plays the same episodes' latencies. One engine serves every mode;
+each mode trains a fresh policy (the same initial weights) for ``--steps`` steps:
+
+- sync: ``rollout.partial.enabled=false``: every step waits for its slowest episode;
+- spare k: ``rollout.spare_groups=k``: the first num_groups whole groups train, the rest are cancelled;
+- partial k: ``rollout.partial: {enabled, carry_over_groups: k, max_age}``: the rest carry over.
+
+Columns, per mode: step s (mean wall time of a training step, from ``timing/step_s``; the run's
+last step also evaluates, so it is left out), x sync (sync's step s over this one's: the step
+rate's speed-up), engine busy (``rollout/engine_busy_frac``, mean; vLLM only), generated /
+trained / wasted tokens (response tokens the engine returned, those the updates trained, and
+generated - trained - those still in flight at the end, i.e. work thrown away; a spare group's
+reply cancelled mid-generation is not counted, so spare's waste is a lower bound), age max
+(``rollout/partial_age_max``), success % (``rollout/success_rate`` over the trained episodes,
+mean). Under the table: the workload's episode env time (median, max, max / median) over the
+sync mode's episodes (all of them train there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _util import quiet_logs, result_path, table, write_result  # noqa: E402
+
+quiet_logs()
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_OVERRIDES = ["eval.at_start=false", "eval.every=0", "eval.num_seeds=2", "eval.record_episodes=0",
+                 "tensorboard=false", "save_every=0", "sft.steps=0", "rollout.manager.max_turns=4",
+                 "rollout.num_groups=4", "rollout.group_size=4", "canary_every=0"]
+QUICK_OVERRIDES = ["engine.backend=hf", "rollout.num_groups=2", "rollout.group_size=2", "rollout.manager.max_turns=3"]
+
+
+def episode_scale(group_id: str, member: int, alpha: float, cap: float) -> float:
+    """The episode's latency multiplier: Pareto(alpha) with minimum 1, capped; a stable hash of the
+    group and member draws it, so every mode and every run plays the same one."""
+    digest = hashlib.sha256(f"{group_id}|{member}".encode()).digest()
+    u = int.from_bytes(digest[:8], "little") / 2**64
+    return min(cap, (1.0 - u) ** (-1.0 / alpha))
+
+
+def long_tail_manager(engine: Any, config: Any, args: argparse.Namespace) -> Any:
+    """The manager the config builds, with a heavy-tailed wait after every env step, counting the
+    response tokens it is served and the env time of every episode that ends."""
+    from arl.rollout.factory import make_manager
+
+    base = type(make_manager(engine, config.rollout))
+
+    class LongTail(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.generated = 0  # per instance: the evaluation's derived manager counts its own
+            self.env_s: list[float] = []
+
+        async def generate(self, traj, prompt_ids, params):
+            gen = await super().generate(traj, prompt_ids, params)
+            self.generated += len(gen.token_ids)
+            return gen
+
+        async def act(self, spec, traj, env, prompt_ids, observation):
+            out = await super().act(spec, traj, env, prompt_ids, observation)
+            wait = args.base_s * episode_scale(spec.group_id, spec.episode_id, args.alpha, args.cap)
+            await asyncio.sleep(wait)
+            traj.timings["env"] += wait
+            return out
+
+        async def run_episode(self, spec):
+            episode = await super().run_episode(spec)
+            self.env_s.append(episode.trajectory.timings["env"])
+            return episode
+
+    return LongTail(engine, config.rollout.manager)
+
+
+MODES = {
+    "sync": lambda k, age: [],
+    "spare": lambda k, age: [f"rollout.spare_groups={k}"],
+    "partial": lambda k, age: ["rollout.partial.enabled=true", f"rollout.partial.carry_over_groups={k}",
+                               f"rollout.partial.max_age={age}"],
+}
+
+
+async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    from arl.config import load_config
+    from arl.engine import make_engine
+    from arl.train import Trainer
+
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as out:
+        base = load_config(args.config, [*RUN_OVERRIDES, *args.overrides, f"out_dir={out}", "name=engine"])
+        engine = make_engine(base.engine)
+        try:
+            for mode in args.modes:
+                name = mode if mode == "sync" else f"{mode} {args.k}"
+                config = load_config(args.config, [*RUN_OVERRIDES, *args.overrides, f"out_dir={out}",
+                                                   f"name={mode}", f"steps={args.steps + 1}",
+                                                   *MODES[mode](args.k, args.max_age)])
+                manager = long_tail_manager(engine, config, args)
+                trained = [0]
+                async with Trainer(config, engine=engine, manager=manager) as trainer:
+                    await trainer.setup()
+                    update = trainer.update
+
+                    def counted(samples, advantages, update=update):
+                        trained[0] += sum(s.num_response_tokens for s in samples)
+                        return update(samples, advantages)
+
+                    trainer.update = counted
+                    started = time.perf_counter()
+                    rows = await trainer.train()
+                    wall = time.perf_counter() - started
+                    in_flight = (sum(trainer.groups.gate.tokens[g] for g in trainer.groups.in_flight)
+                                 if trainer.partial else 0)
+                steps = [r for r in rows if "timing/step_s" in r][:-1]  # the last step also evaluates
+
+                def mean(key: str, steps: list = steps) -> float | None:
+                    values = [r[key] for r in steps if key in r]
+                    return statistics.fmean(values) if values else None
+
+                results[name] = {
+                    "step_s": [r["timing/step_s"] for r in steps], "step_s_mean": mean("timing/step_s"),
+                    "engine_busy": mean("rollout/engine_busy_frac"), "age_max": max(
+                        (r.get("rollout/partial_age_max", 0.0) for r in steps), default=0.0),
+                    "success": mean("rollout/success_rate"), "generated": manager.generated,
+                    "trained": trained[0], "in_flight": in_flight,
+                    "wasted": manager.generated - trained[0] - in_flight,
+                    "env_s": list(manager.env_s), "wall_s": wall,
+                    "dropped_groups": sum(r.get("rollout/groups_dropped", 0.0) + r.get("rollout/partial_dropped_groups", 0.0)
+                                          for r in rows),
+                }
+        finally:
+            await engine.close()
+    return results
+
+
+HEADER = ["mode", "step s", "x sync", "engine busy %", "generated tok", "trained tok", "wasted tok",
+          "groups dropped", "age max", "success %"]
+
+
+def summarize(results: dict[str, dict[str, Any]]) -> list[list[str]]:
+    sync = results.get("sync", {}).get("step_s_mean")
+    lines = []
+    for name, r in results.items():
+        def pct(x: float | None) -> str:
+            return "–" if x is None else f"{100 * x:.0f}"
+        lines.append([
+            name, f"{r['step_s_mean']:.2f}", f"{sync / r['step_s_mean']:.2f}" if sync else "–", pct(r["engine_busy"]),
+            str(r["generated"]), str(r["trained"]), str(r["wasted"]), f"{r['dropped_groups']:.0f}",
+            f"{r['age_max']:.0f}", pct(r["success"]),
+        ])
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. rollout.num_groups=8")
+    parser.add_argument("--config", default=str(REPO / "configs" / "tiny_frozenlake_gigpo.yaml"))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--k", type=int, default=2, help="spare groups / carried-over groups")
+    parser.add_argument("--max-age", type=int, default=2, help="rollout.partial.max_age")
+    parser.add_argument("--steps", type=int, default=6, help="measured training steps per mode")
+    parser.add_argument("--base-s", type=float, default=0.05, help="env wait per step of a scale-1 episode")
+    parser.add_argument("--alpha", type=float, default=1.2, help="Pareto tail index of the per-episode scale")
+    parser.add_argument("--cap", type=float, default=40.0, help="the largest scale")
+    parser.add_argument("--quick", action="store_true", help="smoke size: hf engine, 2 x 2 episodes, 2 steps")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/partial.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.overrides, args.steps, args.base_s = [*QUICK_OVERRIDES, *args.overrides], 2, 0.02
+    started = time.perf_counter()
+    results = asyncio.run(run(args))
+    lines = summarize(results)
+    print(f"Partial rollouts, {Path(args.config).name} {' '.join(args.overrides)}: env wait {args.base_s} s x "
+          f"Pareto({args.alpha}) per episode (cap {args.cap}), {args.steps} measured steps per mode")
+    print(table(HEADER, lines))
+    if "sync" in results and results["sync"]["env_s"]:
+        env = results["sync"]["env_s"]
+        med = statistics.median(env)
+        print(f"episode env time (sync, {len(env)} episodes): median {med:.2f} s, max {max(env):.2f} s, "
+              f"max / median {max(env) / med:.1f}")
+    write_result(args.out or result_path("partial", args.quick), args, {"results": results, "table": lines}, started)
+
+
+if __name__ == "__main__":
+    main()
