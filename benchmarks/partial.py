@@ -121,7 +121,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                     await trainer.setup()
                     update = trainer.update
 
-                    def counted(samples, advantages, update=update):
+                    def counted(samples, advantages, update=update, trained=trained):
                         trained[0] += sum(s.num_response_tokens for s in samples)
                         return update(samples, advantages)
 

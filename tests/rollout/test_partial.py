@@ -89,7 +89,7 @@ async def test_unfinished_group_is_carried_over_intact_and_resumes_under_the_new
         sample = episode.samples[0]
         assert sample.policy_version == 0  # its oldest token's
         # the behaviour log-probs of every turn, old and new, are the sample's (what the IS weight divides by)
-        assert [lp for lp, on in zip(sample.old_logprobs, sample.response_mask) if on] == \
+        assert [lp for lp, on in zip(sample.old_logprobs, sample.response_mask, strict=True) if on] == \
             [lp for t in turns for lp in t.response_logprobs]
         m = batch.metrics
         assert m["rollout/partial_age_max"] == 1 and m["rollout/partial_age_mean"] == pytest.approx(0.5)

@@ -5,11 +5,11 @@ taken while a group is carried resumes without it (counted) and trains no token 
 from __future__ import annotations
 
 import pytest
+from trainer_support import scripted, small_config
 
 from arl.config import ConfigError
 from arl.train import Trainer
 from tests.rollout.test_partial import Held
-from trainer_support import scripted, small_config
 
 pytestmark = pytest.mark.anyio
 
