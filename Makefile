@@ -27,9 +27,11 @@ test: $(STAMP) $(VERL_STAMP)
 
 # verl's own training loop (python -m verl.trainer.main_ppo) on the CPU with arl inside it (issue 45):
 # arl/integrations/verl/examples/cpu_fit.sh for 3 steps + a checkpoint, then resumed for a 4th; the test
-# checks each stage in verl's logged metrics. Not part of `make test` (two Ray launches, minutes).
+# checks each stage in verl's logged metrics and files. Part of `make test` (tests/integrations/verl:
+# two Ray launches, a few minutes); `ARL_SKIP_VERL_FIT=1 make test` skips it, listed in pytest's summary.
+# This target runs it alone.
 verl-fit: $(VERL_STAMP)
-	ARL_VERL_FIT=1 $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl/test_verl_fit.py $(PYTEST_ARGS)
+	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl/test_verl_fit.py $(PYTEST_ARGS)
 
 # Four agent frameworks run unchanged against arl (tests/interop; pins: setup.cfg's `interop` extra):
 # push-mode agents under their own venv (.venv-interop), the in-process variant with the same pins in

@@ -6,7 +6,8 @@
 #   bash arl/integrations/verl/examples/cpu_fit.sh                   # 3 steps, checkpoint at the end
 #   STEPS=4 bash arl/integrations/verl/examples/cpu_fit.sh           # same OUT: resumes from the checkpoint
 # Env: OUT (run dir: data, checkpoints; default /tmp/arl-verl-cpu-fit), STEPS (total steps, 3),
-# SAVE_FREQ (2), MODEL (tiny), WORKERS (logical GPUs = FSDP ranks, 2), more hydra overrides as args.
+# SAVE_FREQ (2), MODEL (tiny), WORKERS (logical GPUs = FSDP ranks, 2), DATA_SEED (verl's data.seed: the
+# shuffled order of the rows, 0; verl's default null draws a new order per launch), more hydra overrides as args.
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 PYTHON=${PYTHON:-python}
@@ -17,6 +18,7 @@ WORKERS=${WORKERS:-2}
 MODEL=${MODEL:-$("$PYTHON" -c 'from arl.models import resolve_model; print(resolve_model("tiny"))')}
 GROUPS_PER_STEP=${GROUPS_PER_STEP:-2}   # verl rows per step
 GROUP=${GROUP:-2}                       # rollout.n: episodes per row (the GiGPO group)
+DATA_SEED=${DATA_SEED:-0}
 
 mkdir -p "$OUT/data"
 [ -f "$OUT/data/train.parquet" ] || "$PYTHON" -m arl.integrations.verl.dataset --env arl/FrozenLake-v0 \
@@ -39,6 +41,7 @@ exec "$PYTHON" -m verl.trainer.main_ppo \
   algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_threshold=2.0 \
   data.train_files="$OUT/data/train.parquet" data.val_files="$OUT/data/val.parquet" \
   data.train_batch_size="$GROUPS_PER_STEP" data.return_raw_chat=true data.dataloader_num_workers=0 \
+  data.seed="$DATA_SEED" \
   data.max_prompt_length=512 data.max_response_length=512 \
   actor_rollout_ref.model.path="$MODEL" actor_rollout_ref.model.use_remove_padding=false \
   actor_rollout_ref.model.enable_gradient_checkpointing=false \
