@@ -33,10 +33,11 @@ test: $(STAMP) $(VERL_STAMP)
 verl-fit: $(VERL_STAMP)
 	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl/test_verl_fit.py $(PYTEST_ARGS)
 
-# Four agent frameworks run unchanged against arl (tests/interop; pins: setup.cfg's `interop` extra):
-# push-mode agents under their own venv (.venv-interop), the in-process variant with the same pins in
-# arl's venv (installed constrained to what it holds), the tests in a loopback-only network
-# namespace (root: `unshare -n`; elsewhere try UNSHARE="unshare -rn"). The last part of `make test`.
+# Agent frameworks run unchanged against arl (tests/interop; pins: setup.cfg's `interop` extra, and
+# `interop-push` for push mode only): push-mode agents under their own venv (.venv-interop), the
+# in-process variant with the `interop` pins in arl's venv (installed constrained to what it
+# holds), the tests in a loopback-only network namespace (root: `unshare -n`; elsewhere try
+# UNSHARE="unshare -rn"). The last part of `make test`.
 INTEROP_VENV ?= .venv-interop
 INTEROP_STAMP := $(INTEROP_VENV)/.arl-interop
 UNSHARE ?= unshare -n

@@ -1,4 +1,4 @@
-"""tests/interop: four agent frameworks, unchanged, against arl (`make interop`).
+"""tests/interop: agent frameworks, unchanged, against arl (`make interop`).
 
 Two gates, each a skip with its reason, or a failure under ``ARL_REQUIRE_INTEROP=1``:
 

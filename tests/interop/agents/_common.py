@@ -1,4 +1,4 @@
-"""What the four framework agents share: the task, the tool, the scripted model's replies, and
+"""What the framework agents share: the task, the tool, the scripted model's replies, and
 the push-mode result file. Imports nothing of arl (the agents run in .venv-interop, where arl is
 not installed) and nothing of the frameworks.
 
