@@ -7,7 +7,7 @@
     arl demo [key=value ...]                  the README's demo (see `arl demo --help`)
     arl configs                               the packaged configs and the command that runs each
     arl view RUN_DIR                          a run directory as one HTML report
-    arl play ENV_ID [--seed N]                play a game in the terminal
+    arl play ENV_ID [--seed N] [--render DIR] play a game in the terminal (--render: save its frames)
     arl chat MODEL "question"                 one chat turn through an engine (sanity check)
     arl models [list|build NAME|path NAME]    the model zoo
     arl doctor MODEL [--mode M] [--no-tools]  does MODEL's chat template render what each rollout mode feeds it?
@@ -78,7 +78,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 def _cmd_play(args: argparse.Namespace) -> int:
     from arl.envs.play import main as play_main
 
-    return play_main([args.env_id, "--seed", str(args.seed)]) or 0
+    render = ["--render", str(args.render)] if args.render is not None else []
+    return play_main([args.env_id, "--seed", str(args.seed), *render]) or 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -172,8 +173,36 @@ def eval_settings(args: argparse.Namespace) -> Any:
         seeds = read_seeds_file(args.seeds_file)
     else:
         seeds = default_seeds(args.num_seeds)
+    if args.base_url is not None:  # the model behind a URL: the positional is the game or the config
+        if not args.model_name:
+            raise ValueError("--base-url needs --model NAME: the name the server serves the model under")
+        from arl.rollout.remote import check_remote
+
+        _eval_target(args)
+        rollout = eval_rollout(args)
+        check_remote(rollout)  # what needs token ids is refused here, exit 2
+        return EvalSettings(model=args.model_name, backend="endpoint", rollout=rollout, seeds=seeds,
+                            attempts=args.attempts, endpoint=args.base_url)
+    if args.model_name is not None:
+        raise ValueError("--model names a model server's model (with --base-url); in process, give MODEL first")
     return EvalSettings(model=args.model, backend=args.backend, rollout=eval_rollout(args), seeds=seeds,
                         attempts=args.attempts)
+
+
+def _eval_target(args: argparse.Namespace) -> None:
+    """With --base-url, `arl eval`'s positional is a training config (a path or a packaged name:
+    ``--config``) or a game id (``--env``)."""
+    from arl.config import packaged_configs
+
+    target = args.model
+    if target.endswith((".yaml", ".yml")) or target in packaged_configs():
+        if args.config is not None:
+            raise ValueError(f"give the config once: {target!r} or --config {args.config!r}")
+        args.config = target
+    elif args.env is None:
+        args.env = target
+    else:
+        raise ValueError(f"give the game once: {target!r} or --env {args.env!r}")
 
 
 async def _eval(args: argparse.Namespace, settings: Any) -> Any:
@@ -198,6 +227,17 @@ async def _eval(args: argparse.Namespace, settings: Any) -> Any:
         bar.update()
 
     try:
+        if settings.endpoint is not None:
+            from arl.rollout.remote import ChatEndpoint, make_remote_manager
+
+            endpoint = ChatEndpoint(settings.endpoint, settings.model,
+                                    os.environ.get(args.api_key_env) if args.api_key_env else None,
+                                    timeout_s=args.request_timeout, max_retries=args.max_retries)
+            try:
+                return await evaluate(None, settings, out=out, resume=out is not None, concurrency=args.concurrency,
+                                      on_row=on_row, manager=make_remote_manager(endpoint, settings.rollout))
+            finally:
+                await endpoint.aclose()
         async with make_engine(backend=args.backend, model=args.model) as engine:
             return await evaluate(engine, settings, out=out, resume=out is not None, concurrency=args.concurrency,
                                   on_row=on_row)
@@ -395,8 +435,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "will hold, optim.precision 'auto' not yet resolved) and exit without training")
     p.set_defaults(func=_cmd_train)
 
-    p = command("eval", "score a model or a checkpoint on a game's validation seeds: success, valid actions, turns")
-    p.add_argument("model", help="zoo name, local HF directory or a run checkpoint (runs/NAME/ckpt_...)")
+    p = command("eval", "score a model, a checkpoint or a model server on a game's validation seeds: success, "
+                        "valid actions, turns")
+    p.add_argument("model", metavar="MODEL|ENV|CONFIG",
+                   help="zoo name, local HF directory or a run checkpoint (runs/NAME/ckpt_...); with --base-url the "
+                        "game (arl/FrozenLake-v0) or a training config (a file or a packaged name)")
+    p.add_argument("--base-url", default=None, metavar="URL",
+                   help="an OpenAI-compatible server (http://HOST:PORT/v1): play against it through chat messages "
+                        "instead of an in-process engine (no token ids: nothing to train on)")
+    p.add_argument("--model", dest="model_name", default=None, metavar="NAME",
+                   help="with --base-url: the model name the server serves")
+    p.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="with --base-url: the environment variable holding the server's API key (default none)")
+    p.add_argument("--request-timeout", type=float, default=120.0, metavar="S",
+                   help="with --base-url: seconds a call may take before it fails (EndpointTimeout; default 120)")
+    p.add_argument("--max-retries", type=int, default=2, metavar="N",
+                   help="with --base-url: the openai client's retries of a refused, timed-out or 5xx call (default 2)")
     p.add_argument("--config", default=None,
                    help="a training config: its game, mode, prompts, env kwargs and eval temperature (the flags "
                         "below override them); evaluates a checkpoint the way its run did")
@@ -447,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("play", "play a game yourself in the terminal")
     p.add_argument("env_id", nargs="?", default="arl/Sokoban-v0")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--render", type=Path, default=None, metavar="DIR", help="also save each state's frame as DIR/step_NNN.png")
     p.set_defaults(func=_cmd_play)
 
     p = command("chat", "ask a model one question through an engine (a quick check that it runs)")

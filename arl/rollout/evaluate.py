@@ -129,17 +129,22 @@ def default_seeds(num_seeds: int = 256) -> tuple[int, ...]:
 @attrs.frozen
 class EvalSettings:
     """What decides an evaluation's results (its digest): the model, the engine backend, the
-    rollout (game, mode, sampling, prompts), the seeds and the attempts per seed."""
+    rollout (game, mode, sampling, prompts), the seeds and the attempts per seed; against a model
+    server (backend ``"endpoint"``), its ``endpoint`` URL and ``model`` the name it serves."""
 
     model: str
     backend: str
     rollout: RolloutConfig
     seeds: tuple[int, ...] = attrs.field(converter=tuple)
     attempts: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    endpoint: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "backend": self.backend, "seeds": list(self.seeds), "attempts": self.attempts,
-                "rollout": unstructure(self.rollout)}  # type: ignore[arg-type]
+        out = {"model": self.model, "backend": self.backend, "seeds": list(self.seeds), "attempts": self.attempts,
+               "rollout": unstructure(self.rollout)}  # type: ignore[arg-type]
+        if self.endpoint is not None:  # absent in-process, so the digests of earlier directories hold
+            out["endpoint"] = self.endpoint
+        return out
 
     @property
     def digest(self) -> str:
@@ -155,22 +160,54 @@ class EvalSettings:
 # results
 
 
-def result_row(episode: Episode, attempt: int) -> dict[str, Any]:
-    """One line of results.jsonl for a finished rollout."""
+def result_row(episode: Episode, attempt: int, decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
+    """One line of results.jsonl for a finished rollout.
+
+    ``replies`` holds each turn's reply text (a model server's as sent, `arl.rollout.remote`; an
+    engine's tokens through ``decode``), what `rescore` replays. A turn played against a server
+    counts the tokens its ``usage`` reported, one played in process its token ids; the server's
+    calls also give their latency (``call_latency_s``, one per call)."""
     t = episode.trajectory
     judged = [turn for turn in t.turns if "action_valid" in turn.info]
-    return {
+    calls = [turn.info for turn in t.turns if "latency_s" in turn.info]
+
+    def count(turn: Any, key: str, ids: Sequence[int]) -> int:
+        value = turn.info.get(key)
+        return int(value) if value is not None else len(ids)
+
+    def reply(turn: Any) -> str | None:
+        if "reply" in turn.info:
+            return str(turn.info["reply"])
+        return decode(list(turn.response_ids)) if decode is not None else None
+
+    row = {
         "seed": t.seed, "attempt": attempt, "score": t.episode_score, "success": bool(t.success),
         "exit_reason": t.exit_reason, "status": t.status, "error": t.error, "turns": len(t.turns),
-        "tokens": sum(len(turn.response_ids) for turn in t.turns),
-        "prompt_tokens": sum(len(turn.prompt_ids) for turn in t.turns),
+        "tokens": sum(count(turn, "completion_tokens", turn.response_ids) for turn in t.turns),
+        "prompt_tokens": sum(count(turn, "prompt_tokens", turn.prompt_ids) for turn in t.turns),
         "actions_valid": sum(bool(turn.info["action_valid"]) for turn in judged), "actions_judged": len(judged),
         "wall_s": round(t.timings.get("total", 0.0), 4),
+        "replies": [reply(turn) for turn in t.turns],
     }
+    if calls:
+        row["call_latency_s"] = [info["latency_s"] for info in calls]
+    return row
 
 
 def is_error(row: dict[str, Any]) -> bool:
     return row.get("exit_reason") in ERROR_EXITS
+
+
+def error_type(row: dict[str, Any]) -> str:
+    """The class an errored row's error text starts with (``"EndpointTimeout: ..."``), else its exit reason.
+
+    >>> error_type({"exit_reason": "engine_error", "error": "EndpointTimeout: no reply in time"})
+    'EndpointTimeout'
+    >>> error_type({"exit_reason": "timeout", "error": None})
+    'timeout'
+    """
+    head = str(row.get("error") or "").split(":", 1)[0]
+    return head if head.isidentifier() else str(row.get("exit_reason"))
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -206,8 +243,12 @@ class EvalReport:
     valid_action_rate: float | None
     exits: dict[str, int]
     errors: int
+    error_types: dict[str, int]  # the errors by the exception class their text names (EndpointTimeout, ...)
     missing: int  # (seed, attempt) pairs of the panel without a row
     tokens: int
+    prompt_tokens: int
+    calls: int  # model-server calls recorded (`arl.rollout.remote`; 0 in process)
+    latency_s: float  # their summed latency
     wall_s: float  # summed over rollouts (their own time, not the run's)
     tasks: list[dict[str, Any]]  # per seed: n, c, mean score
     elapsed_s: float = 0.0  # this call's wall time (`evaluate`)
@@ -257,8 +298,13 @@ def aggregate(settings: EvalSettings, rows: Iterable[dict[str, Any]]) -> EvalRep
         mean_turns=_mean([float(r["turns"]) for r in played]),
         valid_action_rate=sum(r.get("actions_valid", 0) for r in played) / judged if judged else None,
         exits=dict(sorted(Counter(r["exit_reason"] for r in played).items())),
-        errors=sum(is_error(r) for r in played), missing=len(panel) - len(played),
-        tokens=sum(int(r.get("tokens", 0)) for r in played), wall_s=sum(float(r.get("wall_s", 0.0)) for r in played),
+        errors=sum(is_error(r) for r in played),
+        error_types=dict(sorted(Counter(error_type(r) for r in played if is_error(r)).items())),
+        missing=len(panel) - len(played),
+        tokens=sum(int(r.get("tokens", 0)) for r in played),
+        prompt_tokens=sum(int(r.get("prompt_tokens", 0)) for r in played),
+        calls=sum(len(r.get("call_latency_s", ())) for r in played),
+        latency_s=sum(sum(r.get("call_latency_s", ())) for r in played), wall_s=sum(float(r.get("wall_s", 0.0)) for r in played),
         tasks=tasks,
     )
 
@@ -341,10 +387,13 @@ async def evaluate(
         if sink.read(1) != "\n":
             sink.write("\n")
 
+    tokenizer = manager.tokenizer
+    decode = None if tokenizer is None else lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
     async def one(spec: EpisodeSpec) -> None:
         async with limiter:
             episode = await manager.run_episode(spec)
-        row = result_row(episode, spec.episode_id)
+        row = result_row(episode, spec.episode_id, decode)
         rows.append(row)
         if sink is not None:
             sink.write(json.dumps(row) + "\n")
@@ -367,7 +416,7 @@ async def evaluate(
     report.played = len(todo)
     if out is not None:
         summary = {"digest": settings.digest, "metrics": report.metrics(), "exits": report.exits,
-                   "errors": report.errors, "missing": report.missing, "tokens": report.tokens, "tasks": report.tasks}
+                   "errors": report.errors, "error_types": report.error_types, "missing": report.missing, "tokens": report.tokens, "tasks": report.tasks}
         (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     return report
 
@@ -381,16 +430,19 @@ def format_report(report: EvalReport) -> str:
         lines.append(f"{f'pass@{k}':<18} {v:.1%}")
     lines.append(f"{'success':<18} {pct(report.success_rate)}")
     lines.append(f"{'mean score':<18} {'-' if report.mean_score is None else f'{report.mean_score:.3f}'}")
-    lines.append(f"{'errors':<18} {report.errors}")
+    lines.append(f"{'errors':<18} {report.errors}" + (
+        " (" + ", ".join(f"{k} {n}" for k, n in report.error_types.items()) + ")" if report.errors else ""))
     lines.append(f"{'exits':<18} " + ", ".join(f"{k} {n}" for k, n in report.exits.items()))
-    lines.append(f"{'tokens':<18} {report.tokens} generated")
+    lines.append(f"{'tokens':<18} {report.tokens} generated, {report.prompt_tokens} prompt")
+    if report.calls:
+        lines.append(f"{'server calls':<18} {report.calls}, mean latency {report.latency_s / report.calls:.3f} s")
     lines.append(f"{'wall time':<18} {report.elapsed_s:.1f} s for {report.played} rollouts played now; "
                  f"{report.wall_s:.1f} s summed over all rollouts")
     return "\n".join(lines)
 
 
 __all__ = [
-    "CONFIG_FILE", "ERROR_EXITS", "RESULTS_FILE", "SUMMARY_FILE", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "evaluate",
+    "CONFIG_FILE", "ERROR_EXITS", "RESULTS_FILE", "SUMMARY_FILE", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "error_type", "evaluate",
     "format_report", "is_error", "last_rows", "parse_seeds", "pass_at_k", "pending", "prepare_dir", "read_rows",
     "read_seeds_file", "result_row",
 ]

@@ -59,12 +59,15 @@ class StepEnvManager(EnvManager):
 
     def step_prompt(self, env: Any, obs: str, t: int, history: list[tuple[str, str, float]], limit: int) -> list[int]:
         """The token prompt of step ``t`` in state ``obs`` after ``history``, with ``limit`` turns in all."""
+        return chat_ids(self.tokenizer, self.prompt_messages(env, obs, t, history, limit))
+
+    def prompt_messages(self, env: Any, obs: str, t: int, history: list[tuple[str, str, float]],
+                        limit: int) -> list[dict[str, str]]:
+        """The chat messages `step_prompt` renders (what a model server is sent, `arl.rollout.remote`)."""
         c = self.config
         if c.prompt_style == "compact":
-            messages = compact_messages(obs, limit - t, c.system_prompt)
-        else:
-            messages = step_messages(env.instructions, obs, t, history, c.history_len, limit - t, c.max_tokens)
-        return chat_ids(self.tokenizer, messages)
+            return compact_messages(obs, limit - t, c.system_prompt)
+        return step_messages(env.instructions, obs, t, history, c.history_len, limit - t, c.max_tokens)
 
     def remember(self, history: list[tuple[str, str, float]], obs: str, turn: Turn) -> None:
         """Append the step ``turn`` took in ``obs`` to the history the next prompts show."""

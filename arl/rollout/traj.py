@@ -15,6 +15,8 @@ the loss, by default they train like any other (their score is the partial sum o
 
 from __future__ import annotations
 
+from typing import Any
+
 from arl.engine.prompt import PromptView
 from arl.engine.tokens import TokenRow
 from arl.envs.prompts import compact_messages, compact_user_message, traj_messages_start, traj_user_message
@@ -26,10 +28,9 @@ class TrajEnvManager(EnvManager):
     mode = "traj"
 
     async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
-        c, tok = self.config, self.tokenizer
+        tok = self.tokenizer
         env, obs, limit = self.start_episode(spec, traj)
-        compact = c.prompt_style == "compact"
-        start = compact_messages(obs, limit, c.system_prompt) if compact else traj_messages_start(obs, limit, c.max_tokens, env.instructions)
+        start = self.start_messages(env, obs, limit)
         # One append-only token list per episode; each turn keeps a PromptView of its prefix, so
         # the episode's memory grows linearly with its length, not quadratically.
         ids = chat_ids(tok, start)
@@ -45,11 +46,22 @@ class TrajEnvManager(EnvManager):
                 break
             n = len(traj.turns)
             if n < limit:  # the bridge of the next user turn
-                message = (
-                    compact_user_message(obs, limit - n) if compact else traj_user_message(n + 1, obs, limit - n, c.max_tokens)
-                )
-                ids += bridge_ids(tok, [{"role": "user", "content": message}])
+                ids += bridge_ids(tok, [self.user_message(n, obs, limit)])
         return self._build_samples(spec, traj)
+
+    def start_messages(self, env: Any, obs: str, limit: int) -> list[dict[str, str]]:
+        """The conversation's first messages (the system turn and the first observation)."""
+        c = self.config
+        if c.prompt_style == "compact":
+            return compact_messages(obs, limit, c.system_prompt)
+        return traj_messages_start(obs, limit, c.max_tokens, env.instructions)
+
+    def user_message(self, n: int, obs: str, limit: int) -> dict[str, str]:
+        """The user turn after ``n`` turns were played, showing ``obs``."""
+        c = self.config
+        if c.prompt_style == "compact":
+            return {"role": "user", "content": compact_user_message(obs, limit - n)}
+        return {"role": "user", "content": traj_user_message(n + 1, obs, limit - n, c.max_tokens)}
 
     def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
         return self._build_samples(spec, traj)
