@@ -111,21 +111,23 @@ else:
     REPO = Path(__file__).resolve().parents[3]
     EXAMPLE = REPO / "arl/integrations/verl/examples/sokoban_gigpo.sh"
 
-    def example_commands(tmp_path: Path, **env: str) -> list[list[str]]:
-        """The commands the example launch script runs, as bash expands them: ``python`` on PATH is
-        a recorder (nothing is launched, no dataset written)."""
+    CPU_EXAMPLE = REPO / "arl/integrations/verl/examples/cpu_fit.sh"
+
+    def example_commands(tmp_path: Path, script: Path = EXAMPLE, **env: str) -> list[list[str]]:
+        """The commands an example launch script (default: the GPU one) runs, as bash expands them:
+        ``python`` on PATH is a recorder (nothing is launched, no dataset written)."""
         log = tmp_path / "argv.log"
         log.unlink(missing_ok=True)
         fake = tmp_path / "python"
         fake.write_text('#!/bin/sh\nprintf "%s\\037" "$@" >> "$ARGV_LOG"; printf "\\036" >> "$ARGV_LOG"\n')
         fake.chmod(0o755)
-        subprocess.run(["bash", str(EXAMPLE)], check=True, timeout=60,
+        subprocess.run(["bash", str(script)], check=True, timeout=60,
                        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "ARGV_LOG": str(log), **env})
         return [[a for a in call.split("\x1f") if a] for call in log.read_text().split("\x1e") if call]
 
-    def example_overrides(tmp_path: Path, **env: str) -> list[str]:
-        """The hydra overrides the example passes to ``python -m verl.trainer.main_ppo``."""
-        calls = [c for c in example_commands(tmp_path, **env) if c[:2] == ["-m", "verl.trainer.main_ppo"]]
+    def example_overrides(tmp_path: Path, script: Path = EXAMPLE, **env: str) -> list[str]:
+        """The hydra overrides an example passes to ``python -m verl.trainer.main_ppo``."""
+        calls = [c for c in example_commands(tmp_path, script, **env) if c[:2] == ["-m", "verl.trainer.main_ppo"]]
         assert len(calls) == 1
         return calls[0][2:]
 

@@ -125,3 +125,40 @@ def test_readme_shows_the_launch_these_tests_check(launch_commands):
     shown = shlex.split(block.replace("\\\n", " "))[3:]
     main = next(c for c in launch_commands(N_GPUS="8") if c[:2] == ["-m", "verl.trainer.main_ppo"])
     assert shown == main[2:]
+
+
+def _cpu_launch_table() -> list[str]:
+    """The overrides docs/verl.md's "The CPU launch" table lists (every backticked ``key=value`` of its
+    second column)."""
+    import re
+
+    text = (REPO / "docs" / "verl.md").read_text()
+    section = text[text.index("## The CPU launch"):]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| ---")][1:]
+    assert rows, "no table under '## The CPU launch'"
+    return [item for row in rows for item in re.findall(r"`([^`=]+=[^`]*)`", row.split(" | ")[1])]
+
+
+def test_cpu_launch_is_the_gpu_launch_with_the_documented_overrides(tmp_path):
+    """docs/verl.md shows the CPU launch as the 8-GPU launch plus a table of overrides. Checked both
+    ways: the table lists exactly the overrides by which cpu_fit.sh's main_ppo differs from
+    sokoban_gigpo.sh's (same MODEL, OUT at its default), and the GPU launch's overrides followed by the
+    table's compose, through verl's own hydra config, to the config cpu_fit.sh launches."""
+    from conftest import CPU_EXAMPLE, compose_verl, example_overrides
+    from omegaconf import OmegaConf
+
+    model = "Qwen/Qwen2.5-0.5B-Instruct"  # the same MODEL for both: the model is an env var, not an override
+    gpu = example_overrides(tmp_path, N_GPUS="8", MODEL=model)
+    cpu = example_overrides(tmp_path, CPU_EXAMPLE, MODEL=model, PYTHON="python", OUT="/tmp/arl-verl-cpu-fit")
+    gpu_values = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in gpu}
+    differing = [o for o in cpu if gpu_values.get(o.split("=", 1)[0].lstrip("+")) != o.split("=", 1)[1]]
+    table = _cpu_launch_table()
+    assert sorted(table) == sorted(differing)
+    # hydra.run.dir is hydra's own (where the run's files go), not part of verl's config
+    config_of = lambda overrides: OmegaConf.to_container(  # noqa: E731
+        compose_verl([o for o in overrides if not o.startswith("hydra.")]))
+    assert config_of(gpu + table) == config_of(cpu)
+    # the two environment variables that make verl a CPU verl (arl.integrations.verl.cpu)
+    script = CPU_EXAMPLE.read_text()
+    assert "export VERL_USE_EXTERNAL_MODULES=arl.integrations.verl.cpu VERL_PLATFORM=cpu" in script
