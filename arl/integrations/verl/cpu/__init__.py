@@ -1,4 +1,4 @@
-"""verl 0.9.1 on the CPU: a platform, two patches, and arl's HF engine as the rollout.
+"""verl 0.9.1 on the CPU: a platform, three patches, and arl's HF engine as the rollout.
 
     VERL_USE_EXTERNAL_MODULES=arl.integrations.verl.cpu VERL_PLATFORM=cpu python -m verl.trainer.main_ppo \\
         actor_rollout_ref.rollout.name=arl_hf actor_rollout_ref.actor.strategy=fsdp2 trainer.device=cpu ...
@@ -16,8 +16,9 @@ without, it only registers (tests import it that way).
 1. refuses any verl but 0.9.1 (`patches.UnsupportedVerlError`);
 2. registers `platform.PlatformCPU` as ``cpu`` in verl's ``PlatformRegistry`` and makes it the
    process's platform (``set_platform``): device ``cpu``, backend gloo, Ray resource ``GPU``;
-3. applies `patches.PATCHES` as their verl modules load: the process-group string and the FSDP2
-   engines for device ``cpu`` (each described in `arl.integrations.verl.cpu.patches`);
+3. applies `patches.PATCHES` as their verl modules load: the process-group string, the FSDP2
+   engines for device ``cpu`` and FSDP2's unpinned offload for the reference (each described in
+   `arl.integrations.verl.cpu.patches`);
 4. registers ``rollout.name=arl_hf`` (`arl.integrations.verl.cpu.rollout`) in verl's
    ``RolloutReplicaRegistry`` and ``_ROLLOUT_REGISTRY`` as those modules load.
 """
