@@ -65,6 +65,23 @@ def test_rows_record_replies_usage_and_latency(capsys, tmp_path):
     assert server.base_url in config and "endpoint" in config  # the server is part of the digest
 
 
+def test_each_mode_runs_against_a_server(capsys, tmp_path):
+    """Step, traj and proxy mode (arl's GymRunner with a client on the server); the server picks
+    its answer by a hash of the messages, so the traj manager and the agent, which send the same
+    conversation, get the same replies and the same results seed by seed."""
+    results = {}
+    with FakeChatServer("ok") as server:
+        for mode in ("step", "traj", "proxy"):
+            code, out, err = remote(capsys, server.base_url, "--mode", mode, "--seeds", "0:4",
+                                    "--out", str(tmp_path / mode))
+            assert code == 0, err
+            results[mode] = {r["seed"]: (r["score"], r["success"], r["replies"]) for r in rows_of(tmp_path / mode)}
+            rows = rows_of(tmp_path / mode)
+            assert all(r["actions_judged"] == r["turns"] == len(r["call_latency_s"]) >= 1 for r in rows), mode
+    assert results["traj"] == results["proxy"]
+    assert sorted(results["step"]) == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize(("mode", "kind"), [
     ("refuse", "EndpointUnreachable"), ("hang", "EndpointTimeout"), ("garbage", "EndpointReplyError"),
     ("empty", "EndpointReplyError"), ("error", "EndpointStatusError"),

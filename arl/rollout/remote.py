@@ -313,6 +313,8 @@ class RemoteProxyEnvManager(EnvManager):
         reports, _ = result.steps(len(client.calls))
         for call, report in zip(client.calls, reports, strict=True):
             info = {**(report.info if report is not None else {}), **call.info()}
+            if report is not None and report.action_valid is not None:
+                info["action_valid"] = bool(report.action_valid)  # judged: counted in the valid-action rate
             traj.turns.append(Turn(
                 observation=(report.observation or "") if report is not None else "", prompt_ids=[], response_ids=[],
                 response_logprobs=[], reward=report.reward if report is not None else 0.0,
