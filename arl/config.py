@@ -28,10 +28,10 @@ from attrs import validators as v
 
 __all__ = [  # the public names (docs/architecture.md §10; tests/test_public_api.py holds them to it)
     "AGENT_SAMPLING", "BACKENDS", "CONFIG_DIR", "DEFAULT_MODEL", "DEMO_CONFIG", "FORK_AT", "MODES", "PRECISIONS",
-    "RENAMED_KEYS", "AlgoConfig", "ConfigError", "EngineConfig", "EvalConfig", "ForkConfig", "Granularity",
+    "RENAMED_KEYS", "SANDBOX_BACKENDS", "AlgoConfig", "ConfigError", "EngineConfig", "EvalConfig", "ForkConfig", "Granularity",
     "KV_AFTER_PUSH", "KeepBranches", "LoRAConfig", "ManagerConfig", "OptimConfig", "PartialConfig", "ProxyConfig",
     "RolloutConfig", "RunExistsError",
-    "SFTConfig", "TrainConfig", "Transport", "apply_overrides", "load_config", "packaged_configs",
+    "SFTConfig", "SandboxConfig", "TrainConfig", "Transport", "apply_overrides", "load_config", "packaged_configs",
     "read_config_data", "resolve_config_path", "structure", "to_yaml", "unstructure",
 ]
 
@@ -180,6 +180,19 @@ class ProxyConfig:
 
 
 MODES = ("traj", "step", "proxy")  # rollout.mode
+# rollout.sandbox.backend: arl.sandbox.backends.BACKENDS (this module imports no arl module;
+# tests/envs/test_sandbox_backends.py holds the two equal)
+SANDBOX_BACKENDS = ("auto", "bwrap", "podman", "docker", "none")
+
+
+@attrs.define
+class SandboxConfig:
+    """Where the envs' commands, the judges' hidden tests and pull-mode agents run
+    (`arl.sandbox.backends`; what each backend isolates: docs/threat_model.md). ``auto``: bwrap
+    where it starts, else podman, else docker, else none (warned). An env or runner that names its
+    own (``env_kwargs.isolation``, ``runner_kwargs.sandbox``) keeps it."""
+
+    backend: str = attrs.field(default="auto", validator=v.in_(SANDBOX_BACKENDS))
 KV_AFTER_PUSH = ("recompute", "keep")  # rollout.partial.kv
 
 
@@ -216,6 +229,7 @@ class RolloutConfig:
     spare_groups: int = attrs.field(default=0, validator=v.ge(0))
     manager: ManagerConfig = attrs.Factory(ManagerConfig)
     proxy: ProxyConfig = attrs.Factory(ProxyConfig)
+    sandbox: SandboxConfig = attrs.Factory(SandboxConfig)
     partial: PartialConfig = attrs.Factory(PartialConfig)
 
     def __attrs_post_init__(self) -> None:

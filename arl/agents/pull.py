@@ -64,8 +64,9 @@ from arl.agents import process
 from arl.agents.pipe_transport import MAGIC, MAX_BODY, PIPE, TRANSPORT_ENV, header
 from arl.agents.process import INHERITED_ENV, REAP_BOUND_S, STDERR_TAIL, agent_env, unreachable_paths
 from arl.agents.runner import AgentRunner, EpisodeResult
+from arl.sandbox.backends import BACKENDS, choose_backend, open_sandbox
 from arl.sandbox.bwrap import bwrap_problem, delegation_problem, fresh_uid_block, reap_uids, release_uid_block
-from arl.sandbox.sandbox import ISOLATIONS, Sandbox, SandboxLimits
+from arl.sandbox.sandbox import SandboxLimits
 
 # (method, path, body) -> (HTTP status, JSON body): the episode's handler behind a raw request.
 Respond = Callable[[str, str, bytes], Awaitable[tuple[int, bytes]]]
@@ -88,9 +89,10 @@ _log = logging.getLogger(__name__)
 class PullModeRunner(AgentRunner):
     """Runs ``command`` as the agent of one episode and answers its model calls with ``respond``.
 
-    ``sandbox`` is the `arl.sandbox.sandbox.Sandbox` isolation to ask for: ``"auto"`` (default:
-    bubblewrap when it can start; else the Sandbox warns once and runs ``"none"``, whose losses
-    it lists, network access first), ``"bwrap"`` (or fail), ``"none"``; or a factory
+    ``sandbox`` is the sandbox backend to ask for (`arl.sandbox.backends`): None (default: the
+    configured one, ``rollout.sandbox.backend``, itself ``"auto"`` by default: bubblewrap when it
+    can start, else a container runtime, else ``"none"``, warned once with what it loses, network
+    access first), ``"bwrap"``, ``"podman"``, ``"docker"`` (or fail), ``"none"``; or a factory
     ``() -> Sandbox`` of your own. The sandbox shows this interpreter and arl's source read-only
     and applies ``limits`` (default: CPU seconds = ``timeout_s``, `AGENT_MEMORY_BYTES` of address
     space, `AGENT_MAX_PROCS` processes, the sandbox's file-size limit); its PATH, HOME and TMPDIR
@@ -113,7 +115,7 @@ class PullModeRunner(AgentRunner):
         env_extra: Mapping[str, str] | None = None,
         model: str = "arl",
         inherit_env: Sequence[str] = (),
-        sandbox: str | SandboxFactory = "auto",
+        sandbox: str | SandboxFactory | None = None,
         limits: SandboxLimits | None = None,
         exit_grace_s: float = 5.0,
         tool_isolation: str = "auto",
@@ -128,8 +130,8 @@ class PullModeRunner(AgentRunner):
         self.timeout_s = float(timeout_s)
         self.env_extra = dict(env_extra or {})
         self.inherit_env = (*INHERITED_ENV, *inherit_env)
-        if not callable(sandbox) and sandbox not in ISOLATIONS:
-            raise ValueError(f"sandbox must be one of {ISOLATIONS} or a factory, got {sandbox!r}")
+        if sandbox is not None and not callable(sandbox) and sandbox not in BACKENDS:
+            raise ValueError(f"sandbox must be one of {BACKENDS} or a factory, got {sandbox!r}")
         self.sandbox = sandbox
         self.limits = limits or SandboxLimits(wall_s=self.timeout_s, cpu_s=self.timeout_s,
                                               memory_bytes=AGENT_MEMORY_BYTES, max_procs=AGENT_MAX_PROCS)
@@ -183,7 +185,7 @@ class PullModeRunner(AgentRunner):
     def _sandbox(self) -> Any:
         if callable(self.sandbox):
             return self.sandbox()
-        return Sandbox(self.limits, isolation=self.sandbox, python=True, read_only=agent_paths())
+        return open_sandbox(self.limits, backend=self.sandbox, python=True, read_only=agent_paths())
 
     # -- one session -----------------------------------------------------------------------------
     async def _session(self, proc: asyncio.subprocess.Process, output: _Tail) -> EpisodeResult:
@@ -272,7 +274,7 @@ class PullModeRunner(AgentRunner):
         return result
 
 
-def choose_tool_isolation(isolation: str, sandbox: str | SandboxFactory,
+def choose_tool_isolation(isolation: str, sandbox: str | SandboxFactory | None,
                           command: Sequence[str]) -> tuple[str, str | None]:
     """("uid" or "none", the reason "uid" was not possible or None) for the tool commands of the
     agent ``command`` (`PullModeRunner`'s ``tool_isolation``) in a sandbox of kind ``sandbox``.
@@ -287,6 +289,9 @@ def choose_tool_isolation(isolation: str, sandbox: str | SandboxFactory,
         why = "the trainer is not root, so it cannot give an agent's tool commands a uid other than the agent's"
     elif callable(sandbox):
         why = "the agent's sandbox comes from a factory of your own, which cannot be asked to set the uids up"
+    elif (sandbox := choose_backend(sandbox)) in ("podman", "docker"):
+        why = (f"the agent runs in a {sandbox} container, which cannot hand it uids for its tool commands "
+               "(that needs the bwrap backend)")
     elif sandbox != "none" and bwrap_problem() is None:
         # the agent runs under bwrap, which shows what it binds to every uid (its parents 0755)
         problem = delegation_problem()

@@ -35,6 +35,7 @@ from arl.config import MODES, ManagerConfig, ProxyConfig, RolloutConfig
 from arl.intercept.doctor import TemplateReport, check_setting
 from arl.rollout.base import EnvManager
 from arl.rollout.fork import ForkEnvManager, check_forkable
+from arl.rollout.partial import PartialScheduler
 from arl.rollout.proxy import ProxyEnvManager
 from arl.rollout.runners import (
     RUNNER_FACTORIES,
@@ -45,16 +46,19 @@ from arl.rollout.runners import (
     push_runner,
     tool_runner,
 )
-from arl.rollout.partial import PartialScheduler
 from arl.rollout.scheduler import GroupScheduler
 from arl.rollout.step import StepEnvManager
 from arl.rollout.traj import TrajEnvManager
+from arl.sandbox.backends import set_default_backend
 
 
 def make_manager(engine: Any, rollout: RolloutConfig, manager_config: ManagerConfig | None = None) -> EnvManager:
     """The env manager ``rollout.mode`` names, on ``engine``, with ``manager_config`` (default:
-    ``rollout.manager``). Proxy managers over HTTP hold a server: ``await manager.aclose()``."""
+    ``rollout.manager``). Proxy managers over HTTP hold a server: ``await manager.aclose()``.
+    Sets this process's sandbox backend (`arl.sandbox.backends.set_default_backend`) from
+    ``rollout.sandbox.backend``."""
     config = manager_config or rollout.manager
+    set_default_backend(rollout.sandbox.backend)  # the sandboxes of this process's envs, judges and agents
     if rollout.mode == "traj":
         return TrajEnvManager(engine, config)
     if rollout.mode == "step":

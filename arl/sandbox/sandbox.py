@@ -128,7 +128,22 @@ _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
 
 
 class SandboxUnavailable(RuntimeError):
-    """``isolation="bwrap"`` was asked for and bubblewrap cannot start here."""
+    """The backend asked for (``isolation="bwrap"``, ``"podman"``, ``"docker"``) cannot start here."""
+
+
+class SandboxDied(RuntimeError):
+    """`Sandbox.exec` on a sandbox that is no longer there (closed, or its container gone): the
+    sandbox's fault, never the command's, so it is raised rather than returned as a result."""
+
+
+@attrs.frozen
+class IsolationWarning:
+    """What a sandbox does not isolate (`Sandbox.isolation_warning`): for the caller to show, log or
+    record; the library only logs it once per kind (backend "none" is never silent)."""
+
+    backend: str  # the backend in force ("none", "bwrap", "podman", ...)
+    lost: tuple[str, ...]  # the names of `Sandbox.lost`
+    message: str
 
 
 @attrs.frozen
@@ -249,18 +264,83 @@ class Sandbox:
         self._finalizer = weakref.finalize(self, _cleanup, str(self.workdir), self.workdir_mounted, self.cgroup,
                                            self.uid)
 
+    # -- the backend interface (arl.sandbox.backends): start / exec / stop ------------------------
+    async def start(self) -> Sandbox:
+        """Make the sandbox ready for commands (bwrap and "none": nothing to do, each command is a
+        sandbox of its own; a container backend starts its container). Idempotent."""
+        if self.closed:
+            raise SandboxDied(f"{self!r} is closed")
+        return self
+
+    async def alive(self) -> bool:
+        """Whether commands can still run in it (not closed; its container still running)."""
+        return not self.closed
+
+    async def exec(
+        self, argv: Sequence[str], *, timeout: float | None = None, workdir: str | None = None,
+        env: Mapping[str, str] | None = None, stdin: str | None = None,
+    ) -> CommandResult:
+        """Run ``argv`` (no shell) in the sandbox, in ``workdir`` (default: the work dir, `cwd`),
+        with ``env`` added to the sandbox's environment, killed after ``timeout`` seconds (default:
+        the limits' ``wall_s``). The error policy, the same for every backend: whatever the
+        command does is a `CommandResult` (a timeout, a missing program, a crash, status "error"
+        when it could not be started); a sandbox that is gone raises `SandboxDied`."""
+        if not argv:
+            raise ValueError("argv must not be empty")
+        if not await self.alive():
+            raise SandboxDied(f"{self!r} is gone: start a new one")
+        limits = self.limits if timeout is None else attrs.evolve(self.limits, wall_s=float(timeout))
+        command = "exec " + shlex.join([str(a) for a in argv])
+        if workdir is not None:
+            command = f"cd {shlex.quote(str(workdir))} && {command}"
+        result = await self.run(command, limits=limits, stdin=stdin, env=env)
+        if result.status == "error" and not await self.alive():
+            raise SandboxDied(f"{self!r} died while running {argv[0]!r}: {result.error}")
+        return result
+
+    async def stop(self) -> None:
+        """`close`, shielded: a caller cancelled meanwhile still gets every process killed and the
+        work dir (the container) removed before the cancellation goes on: shielded from an anyio
+        cancel scope, and from a task's ``cancel()``, which is raised once the sandbox is gone."""
+        import anyio  # here: the sandbox is asyncio otherwise, and `stop` must hold under both
+
+        task = asyncio.ensure_future(self.close())
+        cancelled = False
+        with anyio.CancelScope(shield=True):
+            while not task.done():
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        task.result()
+
+    @property
+    def isolation_warning(self) -> IsolationWarning | None:
+        """What this sandbox does not isolate, as a record (None when nothing is lost)."""
+        if not self.lost:
+            return None
+        if self.isolation == "none":
+            message = ("sandbox backend 'none': commands run on the host as "
+                       f"{f'uid {self.uid}' if self.uid is not None else 'the calling user'}, not isolated: "
+                       + ", ".join(self.lost))
+        else:
+            message = f"sandbox backend {self.isolation!r} lacks here: " + ", ".join(self.lost)
+        return IsolationWarning(self.isolation, self.lost, message)
+
     # -- commands --------------------------------------------------------------------------------
     async def run(
         self, command: str, *, limits: SandboxLimits | None = None, stdin: str | None = None,
-        read_only: Sequence[str | Path] = (),
+        read_only: Sequence[str | Path] = (), env: Mapping[str, str] | None = None,
     ) -> CommandResult:
-        """``bash -c command`` in the work dir; ``read_only`` binds more paths for this command only.
-        Cancelling it kills the command."""
+        """``bash -c command`` in the work dir; ``read_only`` binds more paths for this command only;
+        ``env`` adds to the sandbox's environment for this command. Cancelling it kills the command."""
         limits = limits or self.limits
         start = time.monotonic()
         oom_before = self._oom_kills()
         try:
-            proc = await self._start(["bash", "-c", command], self.env, limits, read_only,
+            proc = await self._start(["bash", "-c", command], {**self.env, **(env or {})}, limits, read_only,
                                      stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                                      oom_victim=True)
         except OSError as exc:
@@ -299,7 +379,7 @@ class Sandbox:
         if output.over.is_set():
             status = "output_limit"
         stderr = output.text("stderr")
-        error = _setup_error(stderr, exit_code) if status == "ok" else None
+        error = self._setup_error(stderr, exit_code) if status == "ok" else None
         result = CommandResult(
             "error" if error else status, exit_code, output.text("stdout"), stderr, output.truncated,
             time.monotonic() - start, output_bytes=output.seen, signal=fatal, error=error,
@@ -333,18 +413,7 @@ class Sandbox:
                      tool_uids: range | None = None, oom_victim: bool = False) -> asyncio.subprocess.Process:
         if self._finalizer is not None and not self._finalizer.alive:
             raise OSError("the sandbox is closed")
-        seccomp_fd = filter_fd(self._seccomp) if self._seccomp is not None else None
-        if self.isolation == "bwrap":
-            drop = (delegate_argv(os.path.realpath(sys.executable), self.uid, tool_uids)
-                    if tool_uids is not None and self.uid is not None else None)
-            full = (self._bwrap_argv(env, read_only, limits, seccomp_fd, drop)
-                    + limits_prefix(limits, oom_victim=oom_victim) + argv)
-            kwargs: dict[str, Any] = {"env": {}, "pass_fds": () if seccomp_fd is None else (seccomp_fd,)}
-        else:
-            full = self._none_argv(limits, oom_victim) + argv
-            kwargs = {"env": env, "cwd": self.workdir}
-        if self.cgroup is not None:
-            full = self.cgroup.join_prefix() + full
+        full, kwargs, seccomp_fd = await self._command(argv, env, limits, read_only, tool_uids, oom_victim)
         while self._reaping:  # a process started now would be killed with the uid's leftovers
             await asyncio.sleep(0.005)
         self._starting += 1  # from here on `_reap` leaves the uid alone (no await since the check)
@@ -359,6 +428,29 @@ class Sandbox:
                 os.close(seccomp_fd)  # bwrap has its own copy (or never started)
         self._procs.add(proc)
         return proc
+
+    async def _command(self, argv: list[str], env: dict[str, str], limits: SandboxLimits,
+                       read_only: Sequence[str | Path], tool_uids: range | None,
+                       oom_victim: bool) -> tuple[list[str], dict[str, Any], int | None]:
+        """(the host argv that runs ``argv`` in this sandbox, its subprocess keywords, the seccomp
+        fd it passes or None): bubblewrap's, or the plain one of isolation "none"."""
+        seccomp_fd = filter_fd(self._seccomp) if self._seccomp is not None else None
+        if self.isolation == "bwrap":
+            drop = (delegate_argv(os.path.realpath(sys.executable), self.uid, tool_uids)
+                    if tool_uids is not None and self.uid is not None else None)
+            full = (self._bwrap_argv(env, read_only, limits, seccomp_fd, drop)
+                    + limits_prefix(limits, oom_victim=oom_victim) + argv)
+            kwargs: dict[str, Any] = {"env": {}, "pass_fds": () if seccomp_fd is None else (seccomp_fd,)}
+        else:
+            full = self._none_argv(limits, oom_victim) + argv
+            kwargs = {"env": env, "cwd": self.workdir}
+        if self.cgroup is not None:
+            full = self.cgroup.join_prefix() + full
+        return full, kwargs, seccomp_fd
+
+    def _setup_error(self, stderr: str, exit_code: int | None) -> str | None:
+        """The backend's own failure (the command never ran), from its stderr and exit code."""
+        return _setup_error(stderr, exit_code)
 
     def _bwrap_argv(self, env: Mapping[str, str], read_only: Sequence[str | Path], limits: SandboxLimits,
                     seccomp_fd: int | None, drop: Sequence[str] | None = None) -> list[str]:
@@ -557,5 +649,5 @@ def _remove_tree(path: str) -> None:
     remove_tree(path)
 
 
-__all__ = ["COMMAND_STATUSES", "ISOLATIONS", "SANDBOX_CWD", "CommandResult", "Sandbox", "SandboxLimits",
-           "SandboxUnavailable", "bwrap_problem", "limits_prefix", "python_paths"]
+__all__ = ["COMMAND_STATUSES", "ISOLATIONS", "SANDBOX_CWD", "CommandResult", "IsolationWarning", "Sandbox",
+           "SandboxDied", "SandboxLimits", "SandboxUnavailable", "bwrap_problem", "limits_prefix", "python_paths"]

@@ -161,7 +161,7 @@ def test_config_wiring(tiny_tokenizer):
     with pytest.raises(ValueError, match="InProcessClient"):
         responder(object())
     with pytest.raises(ValueError, match="sandbox"):
-        PullModeRunner(answering(tiny_tokenizer), ["true"], timeout_s=1, sandbox="docker")
+        PullModeRunner(answering(tiny_tokenizer), ["true"], timeout_s=1, sandbox="lxc")  # docker is a backend now (arl.sandbox.backends)
 
 
 def test_transport_skips_noise_times_out_and_notices_a_gone_trainer():

@@ -42,6 +42,7 @@ from gymnasium import spaces
 from arl.envs.bugfix import editor
 from arl.envs.bugfix.judge import JudgeUnavailable, judge
 from arl.envs.bugfix.tasks import BugFixTask, generate_task
+from arl.sandbox.backends import open_sandbox
 from arl.sandbox.hostfs import encodable, tree_digest
 from arl.sandbox.sandbox import CommandResult, Sandbox, SandboxLimits
 
@@ -221,7 +222,7 @@ class BugFixEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}  # an fps as the games declare: gymnasium's checker asks
 
     def __init__(
-        self, *, max_steps: int = 20, limits: SandboxLimits | None = None, isolation: str = "auto",
+        self, *, max_steps: int = 20, limits: SandboxLimits | None = None, isolation: str | None = None,
         output_chars: int = 4000, render_mode: str | None = None, allow_unhidden_tests: bool = False,
     ) -> None:
         self.max_steps = max_steps
@@ -262,7 +263,8 @@ class BugFixEnv(gym.Env):
         self.close()
         task_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
         self.task = generate_task(task_seed)
-        self.sandbox = Sandbox(self.limits, isolation=self.isolation, python=True, hide=[ARL_PACKAGE])
+        # the sandbox backend (arl.sandbox.backends): None is the configured one (rollout.sandbox.backend)
+        self.sandbox = open_sandbox(self.limits, backend=self.isolation, python=True, hide=[ARL_PACKAGE])
         if self.sandbox.isolation == "none" and os.environ.get("ARL_TRANSPORT") == "pipe" and not self.allow_unhidden_tests:
             self.close()
             raise HiddenTestsUnavailable(PULL_MODE_REFUSAL)

@@ -1,0 +1,418 @@
+"""The OCI container backend of the sandbox: podman or docker, from a local image only, never pulled.
+
+    async with OciSandbox(SandboxLimits(wall_s=5), runtime="podman", python=True) as sb:
+        result = await sb.run("python -c 'print(1 + 1)'")   # the same CommandResult as under bwrap
+
+Why a module of its own: `arl.sandbox.bwrap` holds the isolation policy of bubblewrap, this one
+that of a container, each as the argv it builds, so each can be read (and audited) in one place;
+`OciSandbox` keeps `Sandbox`'s commands, limits, statuses and error policy and changes only how a
+command is started (``<runtime> exec`` into one long-lived container per sandbox).
+
+The image (`build_image`): arl builds it itself, offline, with ``<runtime> import`` of a rootfs
+it assembles: the directory skeleton, the ``/bin`` and ``/lib*`` links as on the host and the few
+``/etc`` files programs read (`arl.sandbox.bwrap`'s list), copied. The system (``/usr``) and the
+task's needs (this interpreter's prefixes with ``python=True``, the ``read_only`` paths) are bound
+read-only at run time, as under bubblewrap, so the image is a few hundred KB and built in well under a
+second; its tag is the digest of its content (`IMAGE_REPO`), so a changed host gets a new one. A
+container is only ever created from an image that ``image inspect`` finds, with ``--pull never``.
+
+A container (`OciSandbox.start`, lazily on the first command): ``--network none`` (its own
+loopback only); a read-only root; the work dir bound read-write at `SANDBOX_CWD`; a fresh
+``/tmp`` of ``tmp_bytes``; ``hide`` paths covered by an empty read-only tmpfs; memory
+(``total_memory_bytes``, no swap), process (``max_procs``) and CPU (``cpus``) limits on its
+cgroup; an init that reaps orphans (``--init``: podman's catatonit, docker's tini); every capability dropped, ``no-new-privileges``, the runtime's default seccomp profile
+(which refuses the keyring calls, among many); as root, every process as the sandbox's own uid
+(`arl.sandbox.bwrap.fresh_uid`, the same uid on the host), so `reap_uid` finds what a command left
+behind, as under bubblewrap. Each command is ``<runtime> exec --user <uid> -w /workspace`` with the
+`arl.sandbox.rlimits` wrapper in front, as in the other backends.
+
+Ownership: every container carries the label `LABEL` and `OWNER_LABEL` = this process's boot id,
+pid and start time; `reap_orphans` (run when a process first starts a container, and for its
+own containers at exit) removes every container of a process that is gone, so a trainer killed
+with SIGKILL leaves nothing running past the next start.
+
+What this host needs (`oci_problem` says what is missing): the runtime's client, run as root (a
+rootless runtime maps uids, and `reap_uid` cannot find a command's processes: refused, not half
+supported), and an OCI runtime that starts a container here. Where the default one (podman's
+crun) cannot (a cgroup v1/v2 hybrid host), ``runc`` is tried (`OCI_RUNTIMES`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import functools
+import glob
+import hashlib
+import io
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from arl.sandbox.bwrap import _ETC, _ROOT_LINKS, SANDBOX_CWD, fresh_uid, python_links, python_paths
+from arl.sandbox.rlimits import SandboxLimits, limits_prefix
+from arl.sandbox.sandbox import Sandbox, SandboxUnavailable, _cleanup
+
+RUNTIMES = ("podman", "docker")
+IMAGE_REPO = "localhost/arl-sandbox"  # + ":" + the first 16 hex digits of the rootfs tarball's sha256
+LABEL = "arl.sandbox"  # every container arl starts carries it ("1")
+OWNER_LABEL = "arl.owner"  # "<boot id>:<pid>:<start time>" of the process that started it
+OCI_RUNTIMES = (None, "runc")  # the runtime's default OCI runtime, then runc (see the module docstring)
+PROBE_TIMEOUT_S = 60.0  # one probe or image build: a runtime that hangs past this is unusable
+INIT_UID = 65534  # nobody: the uid of a container's init (commands run as the sandbox's own uid)
+NOFILE = 1024  # RLIMIT_NOFILE of a container's processes (the runtime must be told one it may set)
+_CONTAINER_CMD = ("/usr/bin/sleep", "infinity")  # the container's init: holds it up between commands
+_log = logging.getLogger(__name__)
+_started: dict[str, set[str]] = {}  # runtime -> names of this process's live containers (removed at exit)
+
+
+def _run(argv: Sequence[str], timeout: float = PROBE_TIMEOUT_S, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout, check=False)
+
+
+def _first_line(data: bytes) -> str:
+    text = data.decode(errors="replace").strip()
+    return text.splitlines()[-1] if text else ""
+
+
+def rootfs_tar() -> bytes:
+    """The image's rootfs as a tar (see the module docstring): deterministic for one host (fixed
+    owners and times), so its digest names the image."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        def add_dir(name: str, mode: int = 0o755) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tar.addfile(info)
+
+        for name in ("usr", "etc", "proc", "sys", "dev", "tmp", "root", "home", "run", "var", "var/tmp",
+                     SANDBOX_CWD.lstrip("/")):
+            add_dir(name, 0o1777 if name in ("tmp", "var/tmp") else 0o755)
+        for link in _ROOT_LINKS:
+            if os.path.islink(link):
+                info = tarfile.TarInfo(link.lstrip("/"))
+                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(link)
+                tar.addfile(info)
+            elif os.path.isdir(link):
+                add_dir(link.lstrip("/"))  # a real directory on this host: bound read-only at run time
+        for pattern in _ETC:
+            for path in sorted(glob.glob(f"/etc/{pattern}")):
+                tar.add(path, arcname=path.lstrip("/"), recursive=True, filter=_plain)
+    return buf.getvalue()
+
+
+def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Root-owned, timeless, no devices: what the image may hold of a host file."""
+    if info.isdev() or info.isfifo():
+        return None
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    info.mtime = 0
+    return info
+
+
+def image_tag(tar: bytes) -> str:
+    return f"{IMAGE_REPO}:{hashlib.sha256(tar).hexdigest()[:16]}"
+
+
+def image_exists(runtime: str, image: str) -> bool:
+    """Whether ``image`` is in the runtime's local store (``image inspect``; never a registry)."""
+    try:
+        return _run([runtime, "image", "inspect", image]).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def build_image(runtime: str = "podman") -> str:
+    """arl's default image for ``runtime``, built offline if it is not there yet (``import`` of
+    `rootfs_tar`); returns its tag. Raises `SandboxUnavailable` when the runtime cannot import."""
+    tar = rootfs_tar()
+    tag = image_tag(tar)
+    if image_exists(runtime, tag):
+        return tag
+    try:
+        done = _run([runtime, "import", "--change", f"LABEL {LABEL}=1", "-", tag], stdin=tar)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxUnavailable(f"{runtime} import failed: {exc}") from exc
+    if done.returncode != 0:
+        raise SandboxUnavailable(f"{runtime} import of arl's sandbox image failed: {_first_line(done.stderr)}")
+    return tag
+
+
+@functools.cache
+def _boot_id() -> str:
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+    return "unknown"
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (``/proc/<pid>/stat`` field 22): with the pid, who it is."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner() -> str:
+    """This process, as `OWNER_LABEL` names it."""
+    return f"{_boot_id()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_alive(label: str) -> bool:
+    """Whether the process a container's `OWNER_LABEL` names is still running (same boot, same pid
+    and start time: a reused pid is another process)."""
+    boot, _, rest = label.partition(":")
+    pid, _, start = rest.partition(":")
+    if boot != _boot_id() or not pid.isdigit():
+        return False
+    return _start_time(int(pid)) == start
+
+
+def reap_orphans(runtime: str) -> list[str]:
+    """Remove every arl container (label `LABEL`) whose owner process is gone; returns their names."""
+    try:
+        listed = _run([runtime, "ps", "-a", "--filter", f"label={LABEL}=1",
+                       "--format", '{{.Names}} {{index .Labels "' + OWNER_LABEL + '"}}'])
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    orphans = []
+    for line in listed.stdout.decode(errors="replace").splitlines():
+        name, _, label = line.strip().partition(" ")
+        if name and not owner_alive(label.strip()):
+            orphans.append(name)
+    if orphans:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            _run([runtime, "rm", "-f", "-t", "0", *orphans])
+        _log.warning("removed %d orphaned sandbox container(s) of %s: %s", len(orphans), runtime, " ".join(orphans))
+    return orphans
+
+
+@atexit.register
+def _remove_own_containers() -> None:
+    for runtime, names in _started.items():
+        if names:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                _run([runtime, "rm", "-f", "-t", "0", *sorted(names)])
+            names.clear()
+
+
+def _problem(runtime: str) -> tuple[str | None, str | None, str | None]:
+    """(why ``runtime`` cannot run arl's sandboxes here or None, the OCI runtime that works, the image)."""
+    if runtime not in RUNTIMES:
+        return f"unknown container runtime {runtime!r} (one of {RUNTIMES})", None, None
+    if shutil.which(runtime) is None:
+        return f"{runtime} is not installed (Debian: apt-get install {runtime if runtime == 'podman' else 'docker.io'})", None, None
+    if os.geteuid() != 0:
+        return (f"{runtime} runs rootless here (not root): the backend needs root, whose container uids are "
+                "the host's (see arl.sandbox.oci)"), None, None
+    try:
+        info = _run([runtime, "info"])
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{runtime} info failed: {exc}", None, None
+    if info.returncode != 0:
+        return f"{runtime} cannot reach its engine: {_first_line(info.stderr)}", None, None
+    try:
+        image = build_image(runtime)
+    except SandboxUnavailable as exc:
+        return str(exc), None, None
+    errors = []
+    for oci in OCI_RUNTIMES:
+        argv = [runtime, *(["--runtime", oci] if oci else []), "run", "--rm", "--pull", "never",
+                "--network", "none", *_ulimit_args(SandboxLimits()), "-v", "/usr:/usr:ro", image, "/usr/bin/true"]
+        try:
+            done = _run(argv)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            errors.append(f"{oci or 'default'}: {exc}")
+            continue
+        if done.returncode == 0:
+            return None, oci, image
+        errors.append(f"{oci or 'default'}: {_first_line(done.stderr)}")
+    return f"{runtime} cannot start a container here ({'; '.join(errors)})", None, None
+
+
+@functools.cache
+def _probe(runtime: str) -> tuple[str | None, str | None, str | None]:
+    return _problem(runtime)
+
+
+def oci_problem(runtime: str = "podman") -> str | None:
+    """Why ``runtime`` cannot run arl's sandboxes here, or None (probed once per process: builds
+    arl's image if it is missing and starts one container)."""
+    return _probe(runtime)[0]
+
+
+def _ulimit_args(limits: SandboxLimits) -> list[str]:
+    nproc = max(4096, limits.max_procs)
+    return ["--ulimit", f"nofile={NOFILE}:{NOFILE}", "--ulimit", f"nproc={nproc}:{nproc}"]
+
+
+class OciSandbox(Sandbox):
+    """A `Sandbox` whose commands run in one container of ``runtime`` (see the module docstring).
+
+    Same arguments as `Sandbox` (``read_only``, ``python``, ``hide``, ``env``) plus ``cpus`` (the
+    container's CPU limit) and ``image`` (default: arl's, built offline). Raises
+    `SandboxUnavailable` (with the reason) where ``runtime`` cannot run here."""
+
+    def __init__(
+        self,
+        limits: SandboxLimits = SandboxLimits(),  # noqa: B008 (frozen: one shared default is safe)
+        *,
+        runtime: str = "podman",
+        read_only: Sequence[str | Path] = (),
+        python: bool = False,
+        hide: Sequence[str | Path] = (),
+        env: Mapping[str, str] | None = None,
+        cpus: float = 1.0,
+        image: str | None = None,
+    ) -> None:
+        problem, oci, default_image = _probe(runtime)
+        if problem is not None:
+            raise SandboxUnavailable(problem)
+        self.runtime, self._oci, self.cpus = runtime, oci, float(cpus)
+        self.image: str = image or str(default_image)
+        if image is not None and not image_exists(runtime, image):
+            raise SandboxUnavailable(f"image {image!r} is not in {runtime}'s local store (arl never pulls: "
+                                     f"build or load it first)")
+        self.isolation = runtime
+        self.limits = limits
+        self.read_only = tuple(
+            dict.fromkeys(Path(p).resolve(strict=True) for p in [*read_only, *(python_paths() if python else ())]))
+        self.hide = tuple(Path(p).resolve() for p in hide)
+        self.uid = fresh_uid()
+        self.workdir = Path(tempfile.mkdtemp(prefix="arl-sandbox-"))
+        from arl.sandbox.sandbox import _mount_tmpfs, _tmpfs_works
+
+        self.workdir_mounted = _tmpfs_works() and _mount_tmpfs(self.workdir, limits.disk_bytes)
+        self.cgroup = None  # the container's own cgroup holds the whole-sandbox limits
+        self._seccomp = None  # the runtime's default seccomp profile refuses the keyring calls
+        self._links = python_links() if python else ()
+        self.lost = () if self.workdir_mounted else ("work dir size limit",)
+        os.chown(self.workdir, self.uid, self.uid)
+        self.cwd = SANDBOX_CWD
+        bin_dir = f"{Path(sys.prefix).resolve()}/bin:" if python else ""
+        self.env = {"PATH": bin_dir + "/usr/local/bin:/usr/bin:/bin", "HOME": self.cwd, "TMPDIR": "/tmp",
+                    "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **dict(env or {})}
+        self._procs: set[asyncio.subprocess.Process] = set()
+        self._starting = 0
+        self._reaping = False
+        self.container: str | None = None
+        self._start_lock = asyncio.Lock()
+        self._name = f"arl-{os.getpid()}-{secrets.token_hex(6)}"
+        self._finalizer = weakref.finalize(self, _remove_container, runtime, self._name, str(self.workdir),
+                                           self.workdir_mounted, self.uid)
+
+    def run_argv(self) -> list[str]:
+        """The ``<runtime> run`` argv that creates this sandbox's container (the isolation policy)."""
+        limits = self.limits
+        argv = [self.runtime, *(["--runtime", self._oci] if self._oci else []), "run", "-d", "--pull", "never",
+                "--init",  # an init that reaps: a command's orphans would stay zombies, holding the pids limit
+                "--name", self._name, "--label", f"{LABEL}=1", "--label", f"{OWNER_LABEL}={owner()}",
+                "--network", "none", "--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges",
+                "--user", f"{INIT_UID}:{INIT_UID}",  # not the commands' uid: `reap_uid` must not kill the init
+                "--memory", str(limits.total_memory_bytes), "--memory-swap", str(limits.total_memory_bytes),
+                "--pids-limit", str(limits.max_procs), "--cpus", f"{self.cpus:g}", *_ulimit_args(limits),
+                "--tmpfs", f"/tmp:rw,nosuid,nodev,size={max(4096, limits.tmp_bytes)},mode=1777",
+                "-v", f"{self.workdir}:{SANDBOX_CWD}:rw", "-v", "/usr:/usr:ro", "-w", SANDBOX_CWD]
+        for link in _ROOT_LINKS:
+            if os.path.isdir(link) and not os.path.islink(link):
+                argv += ["-v", f"{link}:{link}:ro"]
+        for path in self.read_only:
+            if path != Path("/usr") and not path.is_relative_to("/usr"):
+                argv += ["-v", f"{path}:{path}:ro"]
+        for real, link in self._links:
+            argv += ["-v", f"{real}:{link}:ro"]
+        for path in self.hide:
+            if any(path.is_relative_to(p) for p in (*self.read_only, Path("/usr"))):
+                argv += ["--tmpfs", f"{path}:ro,size=4096"]
+        return [*argv, self.image, *_CONTAINER_CMD]
+
+    async def start(self) -> OciSandbox:
+        """Create the container (once; removing orphaned ones of this runtime first, once per process)."""
+        async with self._start_lock:
+            if self.closed:
+                from arl.sandbox.sandbox import SandboxDied
+
+                raise SandboxDied(f"{self!r} is closed")
+            if self.container is not None:
+                return self
+            if self.runtime not in _started:
+                _started[self.runtime] = set()
+                await asyncio.to_thread(reap_orphans, self.runtime)
+            done = await asyncio.to_thread(_run, self.run_argv())
+            if done.returncode != 0:
+                raise SandboxUnavailable(f"{self.runtime} could not start the sandbox's container: "
+                                         f"{_first_line(done.stderr)}")
+            _started[self.runtime].add(self._name)
+            self.container = self._name
+        return self
+
+    async def alive(self) -> bool:
+        if self.closed or self.container is None:
+            return not self.closed
+        try:
+            done = await asyncio.to_thread(_run, [self.runtime, "inspect", "-f", "{{.State.Running}}", self._name])
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0 and done.stdout.strip() == b"true"
+
+    async def _command(self, argv: list[str], env: dict[str, str], limits: SandboxLimits,
+                       read_only: Sequence[str | Path], tool_uids: range | None,
+                       oom_victim: bool) -> tuple[list[str], dict[str, Any], int | None]:
+        if tool_uids is not None:
+            raise ValueError(f"tool uids for a spawned agent need the bwrap backend, not {self.runtime!r}")
+        missing = [str(p) for p in read_only
+                   if not any(Path(p).resolve().is_relative_to(q) for q in (*self.read_only, Path("/usr")))]
+        if missing:  # a container's mounts are fixed when it starts
+            raise ValueError(f"the {self.runtime} sandbox cannot bind {missing} for one command: "
+                             "pass them as read_only when the sandbox is made")
+        await self.start()
+        flags = [f"--env={key}={value}" for key, value in env.items()]
+        full = [self.runtime, "exec", "-i", "--user", f"{self.uid}:{self.uid}", "-w", SANDBOX_CWD, *flags,
+                self._name, *limits_prefix(limits, oom_victim=oom_victim), *argv]
+        return full, {}, None
+
+    def _setup_error(self, stderr: str, exit_code: int | None) -> str | None:
+        first = stderr.split("\n", 1)[0]
+        if exit_code in (125, 126, 127, 255) and first.startswith("Error: "):  # the client's or runtime's own failure
+            return first
+        return super()._setup_error(stderr, exit_code)
+
+    def _oom_kills(self) -> int | None:
+        from arl.sandbox.sandbox import _host_oom_kills
+
+        return _host_oom_kills()
+
+    def command_line(self, command: str) -> str:
+        import shlex
+
+        flags = [f"--env={key}={value}" for key, value in self.env.items()]
+        return shlex.join([self.runtime, "exec", "-i", "--user", f"{self.uid}:{self.uid}", "-w", SANDBOX_CWD,
+                           *flags, self._name, *limits_prefix(self.limits, oom_victim=True), "bash", "-c", command])
+
+    def __repr__(self) -> str:
+        return f"OciSandbox(runtime={self.runtime!r}, container={self._name!r}, workdir={str(self.workdir)!r})"
+
+
+def _remove_container(runtime: str, name: str, workdir: str, mounted: bool, uid: int) -> None:
+    """Close an `OciSandbox`: its container removed (its processes with it), then as `_cleanup`."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        _run([runtime, "rm", "-f", "-t", "0", name])
+    _started.get(runtime, set()).discard(name)
+    _cleanup(workdir, mounted, None, uid)
+
+
+__all__ = ["IMAGE_REPO", "LABEL", "OWNER_LABEL", "RUNTIMES", "OciSandbox", "build_image", "image_exists",
+           "oci_problem", "owner", "owner_alive", "reap_orphans", "rootfs_tar"]

@@ -1,0 +1,210 @@
+"""One sandbox interface, several backends (issue 48 item 1): the same contract and error policy for
+bwrap, podman, docker and none, each run where this machine has it and skipped with the reason
+where not; the container backend's own promises (local image only, no network, read-only root,
+limits, owner label, orphans reaped); the BugFix env and pull mode unchanged in a container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+
+import anyio
+import pytest
+
+from arl.config import SANDBOX_BACKENDS, ManagerConfig, ProxyConfig, RolloutConfig
+from arl.envs.bugfix import BugFixEnv, assistant_message, generate_task, solution_calls
+from arl.envs.bugfix import judge as judge_module
+from arl.sandbox import backends
+from arl.sandbox.backends import BACKENDS, backend_problem, choose_backend, open_sandbox
+from arl.sandbox.sandbox import SandboxDied, SandboxLimits, SandboxUnavailable
+
+pytestmark = pytest.mark.anyio
+CONCRETE = [pytest.param(b, marks=pytest.mark.skipif(backend_problem(b) is not None,
+                                                      reason=f"{b} unavailable here: {backend_problem(b)}"))
+            for b in ("bwrap", "podman", "docker", "none")]
+PODMAN = pytest.mark.skipif(backend_problem("podman") is not None,
+                            reason=f"podman unavailable here: {backend_problem('podman')}")
+LIMITS = SandboxLimits(wall_s=10.0, cpu_s=10.0)
+
+
+@pytest.fixture(autouse=True)
+def _keep_default_backend():
+    before = backends.default_backend()
+    yield
+    backends.set_default_backend(before)
+
+
+def test_config_names_the_same_backends():
+    assert SANDBOX_BACKENDS == BACKENDS
+    with pytest.raises(ValueError, match="one of"):
+        choose_backend("lxc")
+
+
+def test_auto_is_bwrap_where_it_starts_else_the_next_available():
+    assert choose_backend("auto") == backends.available_backends()[0]
+    assert backends.available_backends()[-1] == "none"
+
+
+@pytest.mark.parametrize("backend", CONCRETE)
+async def test_the_contract_is_the_same_for_every_backend(backend):
+    sandbox = await open_sandbox(LIMITS, backend=backend, python=True).start()
+    try:
+        assert sandbox.isolation == backend
+        ok = await sandbox.exec(["python", "-c", "import os; print(os.environ['A'], os.getcwd())"],
+                                env={"A": "x"}, workdir=sandbox.cwd)
+        assert ok.ok and ok.stdout.split() == ["x", sandbox.cwd]
+        sandbox.write_file("sub/f.txt", "hello")
+        cat = await sandbox.exec(["cat", "f.txt"], workdir=f"{sandbox.cwd}/sub")
+        assert cat.stdout == "hello"
+        # the command's faults are results, never exceptions
+        assert (await sandbox.exec(["sleep", "30"], timeout=1)).status == "timeout"
+        missing = await sandbox.exec(["no-such-program-arl"])
+        assert missing.status == "ok" and missing.exit_code == 127
+        crash = await sandbox.exec(["python", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+        assert crash.status == "killed" and crash.signal == 11
+        flood = await sandbox.exec(["python", "-c", "print('x' * 100000)"])
+        assert flood.truncated and len(flood.stdout) <= LIMITS.output_bytes
+        assert (await sandbox.exec(["sh", "-c", "exit 3"])).exit_code == 3
+    finally:
+        await sandbox.stop()
+    assert sandbox.closed and not sandbox.workdir.exists()
+    with pytest.raises(SandboxDied):  # the sandbox's own failure raises
+        await sandbox.exec(["true"])
+
+
+@pytest.mark.parametrize("backend", CONCRETE)
+async def test_stop_finishes_when_its_caller_is_cancelled(backend):
+    sandbox = await open_sandbox(LIMITS, backend=backend).start()
+    await sandbox.exec(["true"])
+    with anyio.move_on_after(0.001):
+        await sandbox.stop()
+    await asyncio.sleep(0)  # nothing left to wait for: stop finished before the cancellation went on
+    assert sandbox.closed and not sandbox.workdir.exists()
+
+
+def test_none_is_loud_about_what_it_does_not_isolate(caplog):
+    backends._warn_once.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="arl.sandbox.backends"):
+        sandbox = open_sandbox(LIMITS, backend="none")
+    try:
+        warning = sandbox.isolation_warning
+        assert warning is not None and warning.backend == "none"
+        assert "network namespace" in warning.lost and "host file system protection" in warning.lost
+        assert any("not isolated: network namespace" in r.getMessage() for r in caplog.records)
+    finally:
+        sandbox.close_sync()
+
+
+def test_a_named_backend_that_cannot_start_says_why(monkeypatch):
+    monkeypatch.setattr(backends, "backend_problem", lambda b: "not here (test)" if b == "docker" else None)
+    with pytest.raises(SandboxUnavailable, match="'docker' cannot start here: not here"):
+        open_sandbox(LIMITS, backend="docker")
+
+
+# -- the container backend ----------------------------------------------------------------------------
+
+
+@PODMAN
+async def test_container_isolation_and_limits():
+    from arl.sandbox.oci import LABEL, OWNER_LABEL, owner
+
+    limits = SandboxLimits(wall_s=20.0, cpu_s=10.0, max_procs=32, total_memory_bytes=256 * 2**20)
+    sandbox = await open_sandbox(limits, backend="podman", python=True).start()
+    try:
+        net = await sandbox.exec(["python", "-c", "import os; print(sorted(os.listdir('/sys/class/net')))"])
+        assert net.stdout.strip() == "['lo']"
+        ro = await sandbox.exec(["sh", "-c", "touch /etc/x || echo refused; touch /workspace/y && echo wrote"])
+        assert ro.stdout.split() == ["refused", "wrote"]
+        uid = await sandbox.exec(["id", "-u"])
+        assert int(uid.stdout) == sandbox.uid != 0
+        hidden = await sandbox.exec(["sh", "-c", f"ls {os.path.dirname(judge_module.ARL_PACKAGE)} /root 2>&1"])
+        assert "arl" not in hidden.stdout.split()  # arl's source (the task generator) is not there
+        bomb = await sandbox.exec(["python", "-c", "import os\nn = 0\ntry:\n  while True:\n    os.fork() or os._exit(0) if False else None\n    pid = os.fork()\n    if pid == 0:\n      import time; time.sleep(20); os._exit(0)\n    n += 1\nexcept OSError:\n  print('refused', n)\n"])
+        assert bomb.stdout.startswith("refused") and int(bomb.stdout.split()[1]) < limits.max_procs
+        assert (await sandbox.exec(["true"])).ok  # the uid's leftovers were reaped
+        inspect = subprocess.run(["podman", "inspect", "-f", "{{index .Config.Labels \"" + LABEL + "\"}} "
+                                  "{{index .Config.Labels \"" + OWNER_LABEL + "\"}} {{.HostConfig.NetworkMode}} "
+                                  "{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.PidsLimit}} {{.HostConfig.Memory}}",
+                                  sandbox.container], capture_output=True, text=True, check=True)
+        assert inspect.stdout.split() == ["1", owner(), "none", "true", "32", str(256 * 2**20)]
+    finally:
+        await sandbox.stop()
+    gone = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"name={sandbox.container}"],
+                          capture_output=True, text=True)
+    assert gone.stdout.strip() == ""
+
+
+@PODMAN
+async def test_a_container_that_died_raises_and_a_missing_image_is_never_pulled():
+    sandbox = await open_sandbox(LIMITS, backend="podman").start()
+    try:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", sandbox.container], capture_output=True, check=True)
+        with pytest.raises(SandboxDied, match="died|gone"):
+            await sandbox.exec(["true"])
+    finally:
+        await sandbox.stop()
+    with pytest.raises(SandboxUnavailable, match="never pulls"):
+        open_sandbox(LIMITS, backend="podman", image="docker.io/library/alpine:3.19")
+
+
+@PODMAN
+def test_orphaned_containers_are_reaped():
+    from arl.sandbox.oci import LABEL, OWNER_LABEL, build_image, reap_orphans
+
+    done = subprocess.Popen(["true"])  # a pid that has ended: the owner is gone
+    done.wait()
+    name = f"arl-orphan-test-{os.getpid()}"
+    from arl.sandbox.oci import _ulimit_args
+
+    subprocess.run(["podman", "--runtime", "runc", "run", "-d", "--pull", "never", "--name", name,
+                    "--label", f"{LABEL}=1", "--label", f"{OWNER_LABEL}=x:{done.pid}:0", "--network", "none",
+                    *_ulimit_args(LIMITS), "-v", "/usr:/usr:ro", build_image("podman"), "/usr/bin/sleep", "60"],
+                   capture_output=True, check=True)
+    assert name in reap_orphans("podman")
+    left = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"name={name}"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+
+
+@PODMAN
+async def test_bugfix_env_and_its_judge_run_in_the_container():
+    env = BugFixEnv(isolation="podman")
+    try:
+        _, info = env.reset(seed=3)
+        assert info["isolation"] == "podman"
+        reward = None
+        for name, arguments in solution_calls(generate_task(3)):
+            _, reward, _, _, info = await env.astep(assistant_message(name, arguments))
+        assert reward == 1.0 and info["tests_passed"] == info["tests_total"]
+    finally:
+        env.close()
+
+
+@PODMAN
+async def test_pull_mode_runs_in_the_container_as_under_bwrap(tiny_tokenizer):
+    """The pull-mode agent, configured by ``rollout.sandbox.backend``: the same samples as under bwrap."""
+    from arl.engine.scripted import ScriptedEngine
+    from arl.rollout import EpisodeSpec
+    from arl.rollout.factory import close_manager, make_manager
+
+    runs = {}
+    for backend in ("podman", "bwrap") if backend_problem("bwrap") is None else ("podman",):
+        engine = ScriptedEngine(tiny_tokenizer, invalid_rate=0.3)
+        rollout = RolloutConfig(env_id="arl/FrozenLake-v0", mode="proxy", manager=ManagerConfig(max_tokens=24),
+                                proxy=ProxyConfig(runner="pull", runner_kwargs={
+                                    "command": ["{python}", "-m", "arl.agents.examples.gym_agent"], "timeout_s": 120}))
+        rollout.sandbox.backend = backend
+        manager = make_manager(engine, rollout)
+        assert backends.default_backend() == backend
+        try:
+            episode = await manager.run_episode(EpisodeSpec(env_id=rollout.env_id, seed=1, group_id="g", episode_id=0))
+        finally:
+            await close_manager(manager)
+        assert episode.trajectory.status == "Finished", episode.trajectory.error
+        runs[backend] = episode
+    if "bwrap" in runs:
+        a, b = runs["podman"], runs["bwrap"]
+        assert a.trajectory.episode_score == b.trajectory.episode_score and len(a.samples) == len(b.samples) > 0
+        assert [(x.input_ids, x.response_mask) for x in a.samples] == [(y.input_ids, y.response_mask) for y in b.samples]
