@@ -1,6 +1,6 @@
 """The bug-fix reward's judge: hidden tests the code under test cannot reach.
 
-    verdict = await judge(task, workdir, isolation="auto")   # Verdict(passed=frozenset({...}), total=11, ...)
+    verdict = await judge(task, workdir, isolation="bwrap")   # Verdict(passed=frozenset({...}), total=11, ...)
 
 The pattern (docs/threat_model.md, "Test-based rewards"), for this judge and any a user writes:
 
@@ -9,17 +9,28 @@ The pattern (docs/threat_model.md, "Test-based rewards"), for this judge and any
   function and prints what it returned. The expected value never enters that process; the host
   compares the printed result with it. A module that patches the runner, reads its stack or
   prints fake lines can at most print a value, and passes only if the value is right.
-- **A fresh sandbox, not the agent's.** The agent's top-level ``*.py`` files are copied (regular
-  files only, never through a link, size-bounded) into a new `Sandbox` with its own work dir and
-  uid, bound read-only: processes, files or permissions the agent left in its own work dir do
-  not reach the judge, and one test's process cannot leave state for the next.
+- **A fresh sandbox per case, not the agent's.** The agent's top-level ``*.py`` files are copied
+  (regular files only, never through a link, size-bounded) into a scratch dir bound read-only
+  into a new sandbox (of the agent's backend, `arl.sandbox.backends.open_sandbox`) for every
+  runner process: its own work dir, uid and process cgroup (a container per case under podman or
+  docker). Processes, files or permissions the agent left in its own work dir do not reach the
+  judge, and one case's process cannot leave state, processes or a full process table for another:
+  judged code that forks until refused exhausts its own case's limit only.
 - **A judge that cannot start is an error, not a 0.** Every case's runner writes `READY` before
-  the agent's code is imported; a case without it (no interpreter, a sandbox that cannot start, a
-  host too loaded to start a process in ``case_limits.wall_s``) raises `JudgeUnavailable`, so a
-  broken machine cannot train on all-zero rewards. Nothing the agent's code does can remove a line
-  already written, so it cannot turn its own failure into that error.
+  the agent's code is imported. A case without it is run again, alone, in a fresh sandbox once
+  every other case has ended; only if it still does not start (no interpreter, a sandbox that
+  cannot start, a host too loaded to start a process in ``case_limits.wall_s``) does the judge
+  raise `JudgeUnavailable`, so a broken machine cannot train on all-zero rewards.
+- **Why that error stays masked.** The episode then ends as an env error, left out of the loss
+  (``rollout.mask_abnormal``). Judged code cannot cause it: nothing the code does can remove a
+  line already written, and the re-run that decides runs where no judged code has run (its own
+  uid, work dir and cgroup, nothing of another case alive: each case's sandbox is closed, its uid's
+  processes killed, before the re-run starts). What is left is the machine's fault, and a 0 for
+  it would punish the policy for the host. (Before each case had its own sandbox, a case that
+  forked until refused made the cases beside it fail to start, and a wrong fix escaped its 0
+  through this mask: tests/envs/test_adversarial_judge.py.)
 
-Costs: one sandboxed interpreter start per case, ``concurrency`` of them at a time. Measured on
+Costs: one sandbox and one sandboxed interpreter start per case, ``concurrency`` of them at a time. Measured on
 2 cores busy with other work (bwrap, root, seed 3's 11 tests; medians of 5-8, the load varying):
 0.6-1.1 s a task with one case per process, 0.27-0.85 s with all of them in one
 (``cases_per_process``); the old in-process runner took ~0.08 s on the same machine.
@@ -40,7 +51,8 @@ import attrs
 
 from arl.envs.bugfix import run_tests
 from arl.envs.bugfix.tasks import BugFixTask, TestCase
-from arl.sandbox.sandbox import CommandResult, Sandbox, SandboxLimits, SandboxUnavailable
+from arl.sandbox.backends import open_sandbox
+from arl.sandbox.sandbox import CommandResult, SandboxLimits, SandboxUnavailable
 
 RUNNER = Path(run_tests.__file__)
 ARL_PACKAGE = Path(__file__).resolve().parents[2]  # hidden in the judge's sandbox: it holds the task generator
@@ -141,17 +153,18 @@ def passes(case: TestCase, reported: tuple[str, Any]) -> bool:
 
 
 async def judge(
-    task: BugFixTask, workdir: Path, *, isolation: str = "auto", case_limits: SandboxLimits = CASE_LIMITS,
+    task: BugFixTask, workdir: Path, *, isolation: str | None = None, case_limits: SandboxLimits = CASE_LIMITS,
     concurrency: int = 16, cases_per_process: int = 1,
 ) -> Verdict:
     """Run ``task``'s hidden tests against the ``*.py`` files of ``workdir`` (see the module
-    docstring), ``concurrency`` runners at a time. Raises `JudgeUnavailable` when a runner could
-    not start.
+    docstring), ``concurrency`` runners at a time, each in a sandbox of its own of backend
+    ``isolation`` (None: the configured one). Raises `JudgeUnavailable` when a runner could not
+    start, alone, on a second try.
 
-    ``cases_per_process``: 1 (default) gives every test a process of its own; more share one
-    process (each a sandboxed command: ~5x cheaper for a whole task in one), which is as safe
-    against forging, since the expected values still stay on the host, but lets one test's side
-    effects or hang reach the tests after it in that process (as in one pytest run)."""
+    ``cases_per_process``: 1 (default) gives every test a process (and sandbox) of its own; more
+    share one process (each a sandboxed command: ~5x cheaper for a whole task in one), which is as
+    safe against forging, since the expected values still stay on the host, but lets one test's
+    side effects or hang reach the tests after it in that process (as in one pytest run)."""
     scratch = Path(tempfile.mkdtemp(prefix="arl-judge-"))
     try:
         code = scratch / "code"
@@ -163,28 +176,35 @@ async def judge(
         copy_sources(workdir, code)
         command = f"{interpreter()} -I -S -B {scratch / RUNNER.name} {code}"
         gate = asyncio.Semaphore(concurrency)
-        async with Sandbox(case_limits, isolation=isolation, python=True, hide=[ARL_PACKAGE],
-                           read_only=[scratch]) as sandbox:
 
-            async def one(cases: tuple[TestCase, ...]) -> tuple[tuple[TestCase, ...], CommandResult]:
-                job = {"module": task.module, "cases": [
-                    {"function": case.function, "args": run_tests.encode(case.args)} for case in cases]}
-                async with gate:
-                    return cases, await sandbox.run(command, stdin=json.dumps(job) + "\n")
+        async def one(cases: tuple[TestCase, ...]) -> CommandResult:
+            job = {"module": task.module, "cases": [
+                {"function": case.function, "args": run_tests.encode(case.args)} for case in cases]}
+            async with gate:
+                sandbox = open_sandbox(case_limits, backend=isolation, python=True, hide=[ARL_PACKAGE],
+                                       read_only=[scratch])
+                try:
+                    return await sandbox.run(command, stdin=json.dumps(job) + "\n")
+                finally:
+                    await sandbox.stop()
 
-            step = max(1, cases_per_process)
-            chunks = [task.cases[i:i + step] for i in range(0, len(task.cases), step)]
-            results = await asyncio.gather(*(one(chunk) for chunk in chunks))
+        step = max(1, cases_per_process)
+        chunks = [task.cases[i:i + step] for i in range(0, len(task.cases), step)]
+        results = list(await asyncio.gather(*(one(chunk) for chunk in chunks)))
+        for i, (chunk, result) in enumerate(zip(chunks, results, strict=True)):
+            if not outcomes_of(result, len(chunk))[0]:  # did not start: again, alone (module docstring)
+                results[i] = await one(chunk)
     except SandboxUnavailable as exc:
         raise JudgeUnavailable(f"the judge's sandbox cannot start: {exc}") from exc
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     passed, details = set(), {}
-    for cases, result in results:
+    for cases, result in zip(chunks, results, strict=True):
         started, reports = outcomes_of(result, len(cases))
         if not started:
             why = result.error or result.stderr.strip()[-500:] or f"status {result.status}"
-            raise JudgeUnavailable(f"the hidden tests' runner could not start ({why}); command: {command}", result)
+            raise JudgeUnavailable(f"the hidden tests' runner could not start, alone on a second try ({why}); "
+                                   f"command: {command}", result)
         for case, reported in zip(cases, reports, strict=True):
             if passes(case, reported):
                 passed.add(case.name)
