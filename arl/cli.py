@@ -6,7 +6,7 @@
                                               (--seeds A:B --attempts N --out DIR: pass@k, resumable)
     arl demo [key=value ...]                  the README's demo (see `arl demo --help`)
     arl configs                               the packaged configs and the command that runs each
-    arl view RUN_DIR                          a run directory as one HTML report
+    arl view RUN_DIR|EVAL_DIR                 a run or an `arl eval --out` directory as one HTML report
     arl play ENV_ID [--seed N] [--render DIR] play a game in the terminal (--render: save its frames)
     arl chat MODEL "question"                 one chat turn through an engine (sanity check)
     arl models [list|build NAME|path NAME]    the model zoo
@@ -135,6 +135,11 @@ async def _train(config, resume: bool) -> list[dict]:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from arl.rollout.evaluate import EvalDirError, format_report
 
+    if args.rescore is not None:
+        return _cmd_rescore(args.rescore)
+    if args.model is None:
+        print("arl eval: give MODEL (or ENV|CONFIG with --base-url), or --rescore DIR", file=sys.stderr)
+        return 2
     try:  # a bad seed list, seeds file or count
         if args.concurrency < 1:
             raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
@@ -159,6 +164,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print(f"arl eval: every rollout failed ({report.errors}); the first: {first['exit_reason']}: "
               f"{first.get('error') or 'no error text'}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _cmd_rescore(directory: Path) -> int:
+    """`arl eval --rescore DIR`: the stored replies played again on the game, no model."""
+    from arl.rollout.evaluate import RESCORED_FILE, EvalDirError, format_report, rescore
+
+    try:
+        report, changed = rescore(directory)
+    except EvalDirError as exc:
+        print(f"arl eval: {exc}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    print(f"rescored {len(report.rows)} rollouts from their stored replies, {changed} changed score or success: "
+          f"{directory / RESCORED_FILE}")
     return 0
 
 
@@ -379,8 +399,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_view(args: argparse.Namespace) -> int:
     from arl.viz import write_report
+    from arl.viz.evals import is_eval_dir, write_eval_report
 
-    out = write_report(args.run_dir, args.output)
+    out = (write_eval_report if is_eval_dir(args.run_dir) else write_report)(args.run_dir, args.output)
     print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)")
     return 0
 
@@ -437,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("eval", "score a model, a checkpoint or a model server on a game's validation seeds: success, "
                         "valid actions, turns")
-    p.add_argument("model", metavar="MODEL|ENV|CONFIG",
+    p.add_argument("model", metavar="MODEL|ENV|CONFIG", nargs="?",
                    help="zoo name, local HF directory or a run checkpoint (runs/NAME/ckpt_...); with --base-url the "
                         "game (arl/FrozenLake-v0) or a training config (a file or a packaged name)")
     p.add_argument("--base-url", default=None, metavar="URL",
@@ -482,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--resume", default=None, type=Path, metavar="DIR",
                        help="finish DIR: play only its missing and errored rollouts (the same flags as the run "
                             "that started it; other settings are refused, exit 2)")
+    where.add_argument("--rescore", default=None, type=Path, metavar="DIR",
+                       help="recompute DIR's scores from its stored replies, played again on the game without a model "
+                            "(DIR/rescored.jsonl, rescored_summary.json; step and traj modes, proxy's gym runner)")
     p.set_defaults(func=_cmd_eval)
 
     p = command("demo", "the README demo: the tiny model learns FrozenLake on a CPU (~6 min), into a new run "
@@ -493,8 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("configs", "list the packaged configs and the command that runs each (`arl train NAME`)")
     p.set_defaults(func=_cmd_configs)
 
-    p = command("view", "write a run directory as one HTML report: its config, before -> after, curves, episodes")
-    p.add_argument("run_dir", type=Path, help="the run directory (holds metrics.jsonl)")
+    p = command("view", "write a run directory as one HTML report: its config, before -> after, curves, episodes "
+                        "(or an `arl eval --out` directory: its table, tasks and every episode)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR|EVAL_DIR",
+                   help="the run directory (holds metrics.jsonl) or an eval results directory (results.jsonl)")
     p.add_argument("-o", "--output", type=Path, default=None, help="the HTML file (default RUN_DIR/report.html)")
     p.set_defaults(func=_cmd_view)
 

@@ -421,6 +421,108 @@ async def evaluate(
     return report
 
 
+# ----------------------------------------------------------------------------------------------
+# replaying stored episodes: rescoring and viewing
+
+
+def replayable(rollout: RolloutConfig) -> str | None:
+    """Why ``rollout``'s stored replies cannot be played again on its game (None: they can).
+
+    The step and traj managers and proxy mode's ``gym`` runner send every reply to a `TextEnv`
+    of ``rollout.env_id`` as it is; any other agent's env is its own."""
+    if rollout.mode == "proxy" and rollout.proxy.runner != "gym":
+        return (f"rollout.proxy.runner={rollout.proxy.runner!r} plays its own env: its replies cannot be replayed "
+                "on the game (rescore works for the step and traj modes and the gym runner)")
+    return None
+
+
+def replay(rollout: RolloutConfig, seed: int, replies: Sequence[str]) -> dict[str, Any]:
+    """Play ``replies`` again on a fresh game of ``rollout`` reset to ``seed`` (the env the
+    managers make: `EnvManager.make_env`), without a model: the score, success and exit they earn
+    under the game's current rules, and each turn (the frame the reply was given in, the parsed
+    action, whether it was valid, the reward). The games' randomness (FrozenLake's slipping) is
+    drawn from the reset seed, so a replay is the episode that was played."""
+    from arl.envs.text import TextEnv
+
+    m = rollout.manager
+    env = TextEnv(rollout.env_id, format_penalty=m.format_penalty, **m.env_kwargs)
+    try:
+        obs, info = env.reset(seed=seed)
+        frame = str(info.get("raw_obs", obs))
+        turns, score, success, exit_reason = [], 0.0, False, "truncated"
+        for reply in replies:
+            obs, reward, terminated, truncated, info = env.step(reply)
+            turns.append({"frame": frame, "reply": reply, "action": info.get("action"),
+                          "valid": bool(info.get("action_valid", False)), "reward": float(reward)})
+            score += float(reward)
+            success = bool(info.get("success", False))
+            frame = str(info.get("raw_obs", obs))
+            if terminated or truncated:
+                exit_reason = "terminated" if terminated else "truncated"
+                break
+    finally:
+        env.close()
+    return {"score": score, "success": success, "exit_reason": exit_reason, "turns": turns}
+
+
+def rescore_row(rollout: RolloutConfig, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its score, success and valid actions recomputed by `replay` of its replies
+    (an errored row, or one without stored replies, is returned as it is). The exit is the
+    replay's where the row ended in the game (terminated or truncated), else the row's own
+    (``max_length``: where the context ran out, which a replay cannot see)."""
+    replies = row.get("replies")
+    if is_error(row) or not replies or any(r is None for r in replies):
+        return row
+    played = replay(rollout, int(row["seed"]), replies)
+    out = {**row, "score": played["score"], "success": played["success"],
+           "actions_valid": sum(t["valid"] for t in played["turns"]), "actions_judged": len(played["turns"]),
+           "rescored_from": {"score": row["score"], "success": row["success"]}}
+    if row.get("exit_reason") in ("terminated", "truncated"):
+        out["exit_reason"] = played["exit_reason"]
+    return out
+
+
+def read_settings(directory: str | Path) -> EvalSettings:
+    """The `EvalSettings` a results directory was evaluated with (its config.yaml)."""
+    from arl.config import structure
+
+    config = Path(directory) / CONFIG_FILE
+    if not config.exists():
+        raise EvalDirError(f"{directory} holds no {CONFIG_FILE}: not a results directory of arl eval --out")
+    saved = (yaml.safe_load(config.read_text()) or {}).get("settings") or {}
+    try:
+        rollout = structure({"rollout": saved["rollout"]}).rollout
+        return EvalSettings(model=saved["model"], backend=saved["backend"], rollout=rollout, seeds=saved["seeds"],
+                            attempts=saved["attempts"], endpoint=saved.get("endpoint"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EvalDirError(f"{config}: cannot read its settings ({type(exc).__name__}: {exc})") from None
+
+
+RESCORED_FILE = "rescored.jsonl"  # `rescore`'s rows: the last row of each rollout, rescored
+RESCORED_SUMMARY_FILE = "rescored_summary.json"
+
+
+def rescore(directory: str | Path) -> tuple[EvalReport, int]:
+    """Recompute the rewards of a results directory's rollouts from their stored replies
+    (`rescore_row`), without a model: writes ``rescored.jsonl`` (one row per rollout) and
+    ``rescored_summary.json`` beside results.jsonl, which stays as it was. Returns the report of
+    the rescored rows and how many rows' score or success changed."""
+    directory = Path(directory)
+    settings = read_settings(directory)
+    if (why := replayable(settings.rollout)) is not None:
+        raise EvalDirError(f"{directory}: {why}")
+    latest = last_rows(read_rows(directory / RESULTS_FILE))
+    rows = [rescore_row(settings.rollout, latest[key]) for key in sorted(latest)]
+    changed = sum("rescored_from" in r and (r["score"], r["success"]) != (r["rescored_from"]["score"],
+                                                                          r["rescored_from"]["success"]) for r in rows)
+    (directory / RESCORED_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = aggregate(settings, rows)
+    summary = {"digest": settings.digest, "metrics": report.metrics(), "exits": report.exits, "changed": changed,
+               "errors": report.errors, "missing": report.missing, "tasks": report.tasks}
+    (directory / RESCORED_SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    return report, changed
+
+
 def format_report(report: EvalReport) -> str:
     """The table `arl eval` prints at the end."""
     pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
@@ -436,13 +538,13 @@ def format_report(report: EvalReport) -> str:
     lines.append(f"{'tokens':<18} {report.tokens} generated, {report.prompt_tokens} prompt")
     if report.calls:
         lines.append(f"{'server calls':<18} {report.calls}, mean latency {report.latency_s / report.calls:.3f} s")
-    lines.append(f"{'wall time':<18} {report.elapsed_s:.1f} s for {report.played} rollouts played now; "
-                 f"{report.wall_s:.1f} s summed over all rollouts")
+    lines.append(f"{'wall time':<18} " + (f"{report.elapsed_s:.1f} s for {report.played} rollouts played now; "
+                                           if report.played else "") + f"{report.wall_s:.1f} s summed over all rollouts")
     return "\n".join(lines)
 
 
 __all__ = [
-    "CONFIG_FILE", "ERROR_EXITS", "RESULTS_FILE", "SUMMARY_FILE", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "error_type", "evaluate",
+    "CONFIG_FILE", "RESCORED_FILE", "RESCORED_SUMMARY_FILE", "ERROR_EXITS", "RESULTS_FILE", "SUMMARY_FILE", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "error_type", "evaluate",
     "format_report", "is_error", "last_rows", "parse_seeds", "pass_at_k", "pending", "prepare_dir", "read_rows",
-    "read_seeds_file", "result_row",
+    "read_seeds_file", "read_settings", "replay", "replayable", "rescore", "rescore_row", "result_row",
 ]
