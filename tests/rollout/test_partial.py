@@ -323,3 +323,54 @@ async def test_vllm_recompute_recomputes_and_keep_keeps_the_old_kv(tiny_path):
         assert not torch.allclose(kept, _scores(new, resumed.prompt_ids, resumed.response_ids), atol=1e-2)
     finally:
         await engine.close()
+
+
+@pytest.mark.parametrize("transport", ["inprocess", "http"])
+async def test_proxy_agents_wait_at_the_gate_and_resume(tiny_path, transport):
+    """An agent's model calls through the proxy pass the same gate: proxy episodes running at the
+    update are carried over, and their later calls are sampled by the new policy.
+
+    Groups 1-3 start once group 0 has made 4 model calls, so they are turns behind it when it ends."""
+    from arl.rollout import ProxyEnvManager
+
+    engine = _scripted(latency_s=0.01)
+
+    class Staggered(ProxyEnvManager):
+        go = asyncio.Event()
+        calls = 0
+
+        async def generate(self, traj, *args, **kwargs):
+            gen = await super().generate(traj, *args, **kwargs)
+            if traj.group_id == "train_0_0":
+                Staggered.calls += 1
+                if Staggered.calls >= 4:
+                    Staggered.go.set()
+            return gen
+
+        async def run_episode(self, spec):
+            if spec.group_id != "train_0_0":
+                await Staggered.go.wait()
+            return await super().run_episode(spec)
+
+    sched = PartialScheduler("arl/FrozenLake-v0", num_groups=1, group_size=2, carry_over_groups=3, max_age=5)
+    async with Staggered(engine, ManagerConfig(max_tokens=16, max_turns=6), transport=transport,
+                         granularity="step") as manager:
+        try:
+            first = await sched.collect(manager, 0)
+            assert list(first.groups) == ["train_0_0"] and all(e.trajectory.ok for e in first.episodes)
+            assert first.metrics["rollout/partial_carried_episodes"] == 6
+            await _until(lambda: sched.gate.held == 6)  # every carried agent's next call waits
+            trained = {}
+            for step in range(1, 4):
+                await engine.update_weights([])
+                sched.resume()
+                batch = await sched.collect(manager, step)
+                trained.update({g: eps for g, eps in batch.groups.items() if g in ("train_1_1", "train_2_2")})
+            assert set(trained) == {"train_1_1", "train_2_2"}
+            for episodes in trained.values():
+                for e in episodes:  # one sample per model call, each with the version that sampled it
+                    versions = [s.policy_version for s in e.samples]
+                    assert versions == sorted(versions) and versions[0] == 0 and versions[-1] >= 1, versions
+        finally:
+            await sched.aclose()
+    await engine.close()
