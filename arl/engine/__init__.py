@@ -22,11 +22,15 @@ from arl.engine.base import (
     InvalidConstraintError,
     InvalidPromptError,
     LoRAAdapter,
+    NoVisionTowerError,
     OutputConstraint,
     PromptTooLongError,
     SampledWith,
     SamplingParams,
+    TooManyImagesError,
+    UnreadableImageError,
 )
+from arl.engine.image_prompt import ImagePrompt, RenderedPrompt
 
 
 def make_engine(config: _EngineConfig | None = None, **overrides: Any) -> BaseEngine:
@@ -65,7 +69,9 @@ def make_engine(config: _EngineConfig | None = None, **overrides: Any) -> BaseEn
 
 __all__ = [
     "BaseEngine", "Engine", "EngineClosedError", "EngineError", "EngineUnsupportedError",
-    "Generation", "InvalidConstraintError", "InvalidPromptError", "LoRAAdapter", "OutputConstraint", "PromptTooLongError", "SampledWith", "SamplingParams", "make_engine",
+    "Generation", "ImagePrompt", "InvalidConstraintError", "InvalidPromptError", "LoRAAdapter", "NoVisionTowerError",
+    "OutputConstraint", "PromptTooLongError", "RenderedPrompt", "SampledWith", "SamplingParams", "TooManyImagesError",
+    "UnreadableImageError", "make_engine",
 ]
 
 # EngineConfig and BACKENDS moved to arl.config with every config record: importable from here,

@@ -2,6 +2,9 @@
 
 Token-in / token-out: `generate()` takes prompt token ids and returns the generated token ids
 with one log-prob per token (after temperature, i.e. the distribution actually sampled from).
+A prompt may also be an `arl.engine.images.ImagePrompt` (token ids + the images they refer to):
+the engine's `image_renderer` expands it once, the backend runs the expanded ids with the pixels,
+and each Generation reports the ids it ran (``prompt_token_ids``).
 Errors are typed so the rollout boundary can turn them into data.
 """
 
@@ -21,6 +24,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
+    from arl.engine.image_prompt import ImagePrompt, RenderedPrompt, Renderer
+
 FinishReason = Literal["stop", "length", "abort"]
 ConstraintKind = Literal["json_object", "json_schema", "structural_tag"]
 CONSTRAINT_KINDS: tuple[str, ...] = get_args(ConstraintKind)
@@ -36,6 +41,19 @@ class InvalidPromptError(EngineError, ValueError):
 
 class PromptTooLongError(InvalidPromptError):
     """prompt_len + 1 exceeds the model's context: not even one token can be generated."""
+
+
+class UnreadableImageError(InvalidPromptError):
+    """An image the processor cannot read: not a PIL image, an RGB/grey uint8 array, encoded image
+    bytes or a ``data:image/...;base64,`` URL, or bytes PIL cannot decode."""
+
+
+class NoVisionTowerError(InvalidPromptError):
+    """An image prompt for a model with no vision tower (a text-only model)."""
+
+
+class TooManyImagesError(PromptTooLongError):
+    """The images expand the prompt past the model's context (no room left to generate)."""
 
 
 class InvalidConstraintError(EngineError, ValueError):
@@ -148,13 +166,20 @@ class SampledWith:
 
 @attrs.frozen
 class Generation:
-    """One sampled completion. `logprobs[i]` is the log-prob of `token_ids[i]`."""
+    """One sampled completion. `logprobs[i]` is the log-prob of `token_ids[i]`.
+
+    ``prompt_token_ids``: the prompt ids the backend actually ran where they differ from the ids
+    given, i.e. an image prompt's ids with each image placeholder expanded to its image tokens
+    (vLLM: ``RequestOutput.prompt_token_ids``); None for a plain token prompt (it ran as given).
+    ``prompt_len`` counts the ids that ran.
+    """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     prompt_len: int
     policy_version: int = 0
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's file names: vLLM and `PeftModel.from_pretrained` read them
@@ -213,7 +238,7 @@ class Engine(Protocol):
     policy_version: int
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams
+        self, prompt_ids: Sequence[int] | ImagePrompt, params: SamplingParams
     ) -> Generation | list[Generation]: ...
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *,
@@ -238,6 +263,9 @@ class BaseEngine(abc.ABC):
 
     name = "base"
     supports_constraints = False  # can it enforce SamplingParams.constraint (constrained decoding)?
+    # Renders image prompts (`arl.engine.images`); None: the model has no vision tower. A backend
+    # serving a VLM sets it; those that take images implement `_generate_images_n`.
+    image_renderer: Renderer | None = None
     native_stop_strings = False  # does the backend stop at SamplingParams.stop itself? else cut afterwards
     # does the backend keep prompt KV across requests (a prefix cache), so that `update_weights(...,
     # keep_kv=True)` has something to keep? Those without one compute every prompt afresh.
@@ -253,9 +281,10 @@ class BaseEngine(abc.ABC):
 
     # -- public API ----------------------------------------------------------------------------
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None
+        self, prompt_ids: Sequence[int] | ImagePrompt, params: SamplingParams | None = None
     ) -> Generation | list[Generation]:
-        """Sample `params.n` completions of `prompt_ids`; one Generation when n == 1, else a list."""
+        """Sample `params.n` completions of `prompt_ids`; one Generation when n == 1, else a list.
+        An `ImagePrompt` is rendered first (`render_images`); its Generations carry the expanded ids."""
         params = params or SamplingParams()
         self._check_open()
         if params.constraint is not None:
@@ -264,8 +293,19 @@ class BaseEngine(abc.ABC):
                     f"the {self.name} engine has no constrained decoding: it cannot enforce a "
                     f"{params.constraint.kind} constraint (the vllm backends can)")
             self.check_constraint(params)
-        prompt = self.validate_prompt(prompt_ids)
-        gens = await self._generate_n(prompt, params)
+        from arl.engine.image_prompt import ImagePrompt
+
+        if isinstance(prompt_ids, ImagePrompt):
+            rendered = self.render_images(prompt_ids)
+            gens = await self._generate_images_n(rendered, params)
+            for gen in gens:  # the ids the trainer will score must be the ids that ran
+                if gen.prompt_token_ids != rendered.input_ids:
+                    raise EngineError(
+                        f"the {self.name} engine ran {gen.prompt_len} prompt ids that differ from the renderer's "
+                        f"{len(rendered.input_ids)} expanded ids: image features and image tokens would not match")
+        else:
+            prompt = self.validate_prompt(prompt_ids)
+            gens = await self._generate_n(prompt, params)
         if params.stop and not self.native_stop_strings:
             gens = [self._cut_at_stop(gen, params.stop) for gen in gens]
         return gens[0] if params.n == 1 else gens
@@ -365,6 +405,22 @@ class BaseEngine(abc.ABC):
             )
         return prompt
 
+    def render_images(self, prompt: ImagePrompt) -> RenderedPrompt:
+        """``prompt`` expanded by this engine's `image_renderer` and checked like a token prompt:
+        `NoVisionTowerError` (no renderer: a text-only model), `UnreadableImageError`,
+        `TooManyImagesError` (no room left in the context), `InvalidPromptError` (ids out of the
+        vocabulary, placeholders and images that do not pair up)."""
+        from arl.engine.images import check_context
+
+        if self.image_renderer is None:
+            raise NoVisionTowerError(
+                f"the {self.name} engine's model has no vision tower: it cannot be shown images "
+                "(serve a VLM, e.g. the zoo's tiny-vl)")
+        rendered = self.image_renderer.render(prompt)
+        check_context(rendered, self.max_model_len)
+        self.validate_prompt(rendered.input_ids)
+        return rendered
+
     def max_new_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         """max_tokens clipped so prompt + completion fits the context (finish_reason 'length')."""
         return min(params.max_tokens, self.max_model_len - prompt_len)
@@ -409,6 +465,12 @@ class BaseEngine(abc.ABC):
     @abc.abstractmethod
     async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
         """Sample `params.n` completions of an already validated prompt."""
+
+    async def _generate_images_n(self, rendered: RenderedPrompt, params: SamplingParams) -> list[Generation]:
+        """Sample `params.n` completions of a rendered image prompt (each Generation's
+        ``prompt_token_ids`` the ids the backend ran). Backends that take images override it."""
+        raise EngineUnsupportedError(f"the {self.name} engine does not take image prompts (the vllm, hf and "
+                                     "scripted engines do)")
 
     @abc.abstractmethod
     async def _update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -25,6 +25,7 @@ class Pending:
     prompt_len: int
     version: int  # the policy version when generate() was called (the adapter's, once it gets one)
     adapter: ServedAdapter | None = None
+    images: tuple[Any, ...] = ()  # an image request's PIL images (vLLM's multi_modal_data), in prompt order
 
 
 @attrs.define

@@ -13,6 +13,13 @@ a dedicated single-thread executor; requests arriving meanwhile wait for the nex
 updates go through the same executor under the same asyncio lock, so a batch never sees half-loaded
 weights and each Generation carries the policy version it was actually sampled with.
 
+Images (a Qwen2-VL-family model: its config has a ``vision_config``): the engine loads it with
+``AutoModelForImageTextToText`` and renders image prompts with `arl.engine.images.ImageRenderer`.
+An image request runs as a batch of its own (its ``n`` rows share the prompt, so no padding): the
+prefill gets the renderer's pixel values and the 3-D rotary positions the model's
+``get_rope_index`` computes from the expanded ids, each decode step the next position on all three
+axes; exactly what a trainer's forward over prompt + completion computes.
+
 LoRA: `update_adapter` injects the adapter's LoRA layers into the model with peft (once; later
 pushes only copy the A and B matrices), so the engine computes base + scale * B @ A exactly as the
 trainer's peft model does. `update_weights` then loads base weights and switches the adapter off.
@@ -55,6 +62,7 @@ class _Request:
     future: asyncio.Future
     version: int = 0
     cancelled: bool = False  # set by the awaiting task; read by the batch thread to drop its rows
+    rendered: Any = None  # an image request's RenderedPrompt (arl.engine.images); runs in a batch of its own
 
 
 @attrs.define(eq=False)
@@ -98,7 +106,9 @@ class HFEngine(BaseEngine):
         max_batch_size: int = 32,
         device: str | None = None,
     ):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+        from arl.models.tiny_vl import has_vision_tower
 
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -110,10 +120,12 @@ class HFEngine(BaseEngine):
         else:
             raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)} or 'auto'")
         tokenizer = AutoTokenizer.from_pretrained(model_path)
+        vision = has_vision_tower(AutoConfig.from_pretrained(model_path))
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         with _quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+            model = auto.from_pretrained(model_path, dtype=torch_dtype)
         self.model = model.to(self.device).eval()
-        config = self.model.config
+        config = self.model.config.get_text_config()  # a VLM's vocabulary and context are its text model's
         limit = getattr(config, "max_position_embeddings", None)
         if limit is not None and max_model_len > limit:
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}")
@@ -130,9 +142,17 @@ class HFEngine(BaseEngine):
         self._wakeup: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None  # one batch or one weight update at a time
         self._lora_config: dict[str, Any] | None = None  # the injected adapter's shape, once injected
+        if vision:
+            from arl.engine.images import ImageRenderer
+
+            self.image_renderer = ImageRenderer(model_path, tokenizer)
 
     # -- facade ------------------------------------------------------------------------------------
-    async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
+    async def _generate_images_n(self, rendered: Any, params: SamplingParams) -> list[Generation]:
+        gens = await self._generate_n(list(rendered.input_ids), params, rendered)
+        return [attrs.evolve(g, prompt_token_ids=rendered.input_ids) for g in gens]
+
+    async def _generate_n(self, prompt: list[int], params: SamplingParams, rendered: Any = None) -> list[Generation]:
         self._ensure_worker()
         assert self._loop is not None and self._wakeup is not None
         if params.seed is not None:
@@ -145,7 +165,7 @@ class HFEngine(BaseEngine):
             raise EngineError(f"cannot seed a generator with {params.seed!r}: {exc}") from exc
         req = _Request(
             prompt, params, generators, self.max_new_tokens(len(prompt), params),
-            frozenset(self.stop_ids(params)), self._loop.create_future(),
+            frozenset(self.stop_ids(params)), self._loop.create_future(), rendered=rendered,
         )
         self._queue.append(req)
         self._wakeup.set()
@@ -225,8 +245,9 @@ class HFEngine(BaseEngine):
             if req.cancelled or req.future.done():
                 self._queue.popleft()
                 continue
-            if batch and rows + req.params.n > self.max_batch_size:
-                break
+            if batch and (rows + req.params.n > self.max_batch_size or req.rendered is not None
+                          or batch[0].rendered is not None):
+                break  # an image request runs alone
             batch.append(self._queue.popleft())
             rows += req.params.n
         return batch
@@ -308,16 +329,27 @@ class HFEngine(BaseEngine):
         ids, mask = ids.to(self.device), mask.to(self.device)
         # Positions count real tokens only, so padding does not shift RoPE; pads get a dummy 1.
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        images: dict[str, Any] = {}
+        rendered = batch[0].rendered
+        if rendered is not None:  # alone in its batch (_take_batch): n rows of one prompt, no padding
+            inputs = rendered.model_inputs(self.device)
+            images = {"pixel_values": inputs["pixel_values"].to(self.model.dtype).repeat(len(rows), 1),
+                      "image_grid_thw": inputs["image_grid_thw"].repeat(len(rows), 1)}
+            mm = inputs["mm_token_type_ids"].repeat(len(rows), 1)
+            positions, _ = self.model.model.get_rope_index(  # (3, rows, len): temporal, height, width
+                ids, mm_token_type_ids=mm, image_grid_thw=images["image_grid_thw"], attention_mask=mask)
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.model.config.get_text_config())
         while live:
             if self._stopping:
                 raise EngineClosedError("hf engine closed while the request was running")
             out = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=positions,
                 past_key_values=cache, use_cache=True, logits_to_keep=1,  # only the last position
+                **images,
             )
+            images = {}  # the prefill has seen the pixels; decode steps see their tokens in the cache
             logits = out.logits[:, -1, :].float()
             tokens, logprobs = self._sample(logits, [rows[i] for i in live])
             keep: list[int] = []
@@ -338,13 +370,13 @@ class HFEngine(BaseEngine):
                     break
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
-                mask, positions = mask[index], positions[index]
+                mask, positions = mask[index], positions.index_select(positions.dim() - 2, index)
                 live = [live[k] for k in keep]
                 next_ids = torch.tensor([tokens[k] for k in keep], device=self.device)
             else:
                 next_ids = torch.tensor(tokens, device=self.device)
             ids = next_ids[:, None]
-            positions = positions[:, -1:] + 1
+            positions = positions[..., -1:] + 1
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
         results: list[list[Generation]] = [[] for _ in batch]
         by_req = {id(req): k for k, req in enumerate(batch)}

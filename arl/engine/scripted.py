@@ -9,6 +9,11 @@ the format it asks for fails loudly instead of passing on a reply vLLM could nev
 function of (engine seed, request seed, prompt token ids, completion index), hashed with BLAKE2:
 the same prompt gets the same answer whatever the request order or concurrency, so two managers
 driven by the same seeds see the same samples.
+
+Images: a scripted engine whose tokenizer knows ``<|image_pad|>`` (the zoo's tiny-vl) takes
+`ImagePrompt`s with fake pixels (`arl.engine.images.fake_pixels`: ``image_tokens`` image tokens an
+image, pixels from the image itself), so managers can be tested on images without a model. Its
+answer depends on the expanded ids and the pixels: two different frames get independent answers.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+import attrs
 import numpy as np
 
 from arl.engine.base import BaseEngine, EngineError, FinishReason, Generation, LoRAAdapter, SamplingParams
@@ -37,7 +43,21 @@ INVALID_ANSWERS = (
 )
 
 # config.scripted keys -> constructor arguments (all of them, under the same names).
-OPTIONS = ("responses", "mode", "actions", "invalid_rate", "logprob", "latency_s", "fail_rate", "answer_format")
+OPTIONS = ("responses", "mode", "actions", "invalid_rate", "logprob", "latency_s", "fail_rate", "answer_format",
+           "image_tokens")
+
+
+class _FakeRenderer:
+    """The scripted engine's `image_renderer`: `fake_pixels` with the tokenizer's image placeholder."""
+
+    def __init__(self, image_token_id: int, tokens_per_image: int):
+        self.image_token_id = image_token_id
+        self.tokens_per_image = tokens_per_image
+
+    def render(self, prompt: Any) -> Any:
+        from arl.engine.images import fake_pixels
+
+        return fake_pixels(prompt, self.image_token_id, self.tokens_per_image)
 
 
 class ScriptedEngine(BaseEngine):
@@ -65,12 +85,14 @@ class ScriptedEngine(BaseEngine):
         latency_s: float = 0.0,
         fail_rate: float = 0.0,
         answer_format: str = "<answer>{action}</answer>",
+        image_tokens: int = 4,
     ):
         """`responses` (a list cycled in order, or `f(prompt_text) -> str`) switches to mode
         "responses". `logprob=None` gives hashed log-probs in [-3, 0]; a float gives that constant.
         `latency_s` sleeps per request; `fail_rate` is the chance a request raises EngineError.
         `answer_format` shapes a random valid reply from ``{action}`` (e.g. a ``<tool_call>`` block
-        for agents that act through function calls)."""
+        for agents that act through function calls). `image_tokens`: the image tokens each image of
+        an image prompt expands to (a tokenizer with ``<|image_pad|>`` only)."""
         if mode not in get_args(Mode):
             expected = " or ".join(map(repr, get_args(Mode)))
             raise ValueError(f"unknown scripted mode {mode!r}; expected {expected}")
@@ -109,6 +131,11 @@ class ScriptedEngine(BaseEngine):
         self.tensors_received = 0
         self.adapter_updates = 0  # LoRA pushes: counted, never applied (there is no model)
         self.adapter_bytes_received = 0
+        if int(image_tokens) < 1:
+            raise ValueError(f"image_tokens must be >= 1, got {image_tokens}")
+        pad = tokenizer.convert_tokens_to_ids("<|image_pad|>") if hasattr(tokenizer, "convert_tokens_to_ids") else None
+        if isinstance(pad, int) and pad != getattr(tokenizer, "unk_token_id", None) and 0 <= pad < self.vocab_size:
+            self.image_renderer = _FakeRenderer(pad, int(image_tokens))  # type: ignore[assignment]
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ScriptedEngine:
@@ -127,18 +154,27 @@ class ScriptedEngine(BaseEngine):
         return cls(tokenizer, seed=config.seed, max_model_len=config.max_model_len, **options)
 
     # -- engine ------------------------------------------------------------------------------------
-    async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
+    async def _generate_n(self, prompt: list[int], params: SamplingParams,
+                          key: list[int] | None = None) -> list[Generation]:
+        """``key``: what the random choices hash instead of ``prompt`` (an image prompt's ids + pixels)."""
         self.requests += 1
         if self.latency_s > 0:
             await asyncio.sleep(self.latency_s)
         self._check_open()  # closed while sleeping
-        if self.fail_rate > 0 and self._rng(prompt, params, "fail").random() < self.fail_rate:
+        if self.fail_rate > 0 and self._rng(key or prompt, params, "fail").random() < self.fail_rate:
             raise EngineError("scripted engine failure (fail_rate)")
-        gens = [self._complete(prompt, params, i) for i in range(params.n)]
+        gens = [self._complete(prompt, params, i, key) for i in range(params.n)]
         if params.constraint is not None:
             for gen in gens:
                 self._check_constraint(gen, params)
         return gens
+
+    async def _generate_images_n(self, rendered: Any, params: SamplingParams) -> list[Generation]:
+        ids = list(rendered.input_ids)
+        digest = hashlib.blake2b(np.ascontiguousarray(rendered.pixel_values).tobytes(), digest_size=16).digest()
+        key = ids + [int(x) for x in np.frombuffer(digest, dtype=np.uint32)]  # the answer depends on the image too
+        gens = await self._generate_n(ids, params, key=key)
+        return [attrs.evolve(g, prompt_token_ids=rendered.input_ids) for g in gens]
 
     async def _update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         self.tensors_received += sum(1 for _ in named_tensors)
@@ -169,22 +205,25 @@ class ScriptedEngine(BaseEngine):
         h.update(np.asarray(prompt, dtype=np.int64).tobytes())
         return np.random.default_rng(int.from_bytes(h.digest(), "little"))
 
-    def response_text(self, prompt: list[int], params: SamplingParams, index: int = 0) -> str:
-        """The text completion `index` of this request answers (before tokenization/truncation)."""
+    def response_text(self, prompt: list[int], params: SamplingParams, index: int = 0,
+                      key: list[int] | None = None) -> str:
+        """The text completion `index` of this request answers (before tokenization/truncation);
+        ``key`` (default ``prompt``) is what the random choices hash."""
         if self.mode == "responses":
             if callable(self.responses):
                 return str(self.responses(self.tokenizer.decode(prompt)))
             assert self.responses is not None
             return self.responses[next(self._cursor) % len(self.responses)]
-        rng = self._rng(prompt, params, index)
+        rng = self._rng(key or prompt, params, index)
         # Always draw both numbers, so invalid_rate does not shift which action a valid reply gets.
         invalid, pick = rng.random(), rng.random()
         if invalid < self.invalid_rate:
             return INVALID_ANSWERS[int(pick * len(INVALID_ANSWERS))]
         return self.answer_format.replace("{action}", self.actions[int(pick * len(self.actions))])
 
-    def _complete(self, prompt: list[int], params: SamplingParams, index: int) -> Generation:
-        ids = list(self.tokenizer.encode(self.response_text(prompt, params, index), add_special_tokens=False))
+    def _complete(self, prompt: list[int], params: SamplingParams, index: int,
+                  key: list[int] | None = None) -> Generation:
+        ids = list(self.tokenizer.encode(self.response_text(prompt, params, index, key), add_special_tokens=False))
         stops = self.stop_ids(params)
         eos = self.tokenizer.eos_token_id
         budget = self.max_new_tokens(len(prompt), params)
@@ -203,6 +242,6 @@ class ScriptedEngine(BaseEngine):
         if self.logprob is not None:
             lps = [float(self.logprob)] * len(ids)
         else:
-            u = self._rng(prompt, params, f"lp{index}").random(len(ids))
+            u = self._rng(key or prompt, params, f"lp{index}").random(len(ids))
             lps = [float(math.log(0.05 + 0.95 * x)) for x in u]  # in [log 0.05, 0] ~ [-3, 0]
         return Generation(ids, lps, reason, len(prompt), self.policy_version)

@@ -207,7 +207,10 @@ class VLLMEngine(VLLMBackend):
         adapter = self._adapter
         lora = {"lora_request": adapter.request} if adapter is not None else {}
         try:
-            self._engine.add_request(cmd.rid, {"prompt_token_ids": cmd.prompt}, cmd.params, **lora)
+            prompt: dict[str, Any] = {"prompt_token_ids": cmd.prompt}
+            if cmd.pending.images:  # vLLM expands the placeholders with arl's processor (arl.engine.vllm_vision)
+                prompt["multi_modal_data"] = {"image": list(cmd.pending.images)}
+            self._engine.add_request(cmd.rid, prompt, cmd.params, **lora)
         except Exception as exc:  # this request only: its caller gets the error, the engine serves on
             post(cmd.pending, _rejected(exc))
         else:
@@ -232,7 +235,7 @@ class VLLMEngine(VLLMBackend):
             return
         release(pending)
         try:
-            result: Any = to_generations(out, pending.prompt_len, pending.version)
+            result: Any = to_generations(out, pending.prompt_len, pending.version, images=bool(pending.images))
         except EngineError as exc:
             result = exc
         except Exception as exc:  # never let a malformed output kill the driver
@@ -251,17 +254,24 @@ class VLLMEngine(VLLMBackend):
         fail_queued(self._inbox, exc)
 
     # -- facade ----------------------------------------------------------------------------------
-    async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
+    async def _generate_images_n(self, rendered: Any, params: SamplingParams) -> list[Generation]:
+        # vLLM gets the ids with one placeholder an image and expands them itself, with the renderer's
+        # processor; BaseEngine.generate checks that what it ran equals the renderer's expansion.
+        return await self._generate_n(list(rendered.prompt.token_ids), params, rendered)
+
+    async def _generate_n(self, prompt: list[int], params: SamplingParams, rendered: Any = None) -> list[Generation]:
         if self._dead is not None:
             raise EngineError(f"vLLM engine is dead after an earlier failure: {self._dead!r}")
+        ran = len(rendered.input_ids) if rendered is not None else len(prompt)  # the context it takes
         try:
-            vparams = to_vllm_params(params, self.max_new_tokens(len(prompt), params))
+            vparams = to_vllm_params(params, self.max_new_tokens(ran, params))
         except Exception as exc:
             raise _rejected(exc) from exc
         rid = f"arl-{next(self._ids)}"
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._inbox.put(Add(rid, prompt, vparams, Pending(loop, future, len(prompt), self.policy_version)))
+        images = tuple(rendered.images) if rendered is not None else ()
+        self._inbox.put(Add(rid, prompt, vparams, Pending(loop, future, len(prompt), self.policy_version, images=images)))
         self._work.set()
         if self._dead is not None or self._stop:
             # The driver died or stopped after the check above and may have drained the inbox for

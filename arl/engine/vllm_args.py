@@ -84,8 +84,14 @@ def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = T
     )
 
 
-def to_generations(output: Any, prompt_len: int, version: int) -> list[Generation]:
-    """vllm RequestOutput -> one Generation per completion, ordered by completion index."""
+def to_generations(output: Any, prompt_len: int, version: int, images: bool = False) -> list[Generation]:
+    """vllm RequestOutput -> one Generation per completion, ordered by completion index. For an image
+    request (``images``) each carries the prompt ids vLLM ran, placeholders expanded
+    (``RequestOutput.prompt_token_ids``), and ``prompt_len`` counts those."""
+    ran = None
+    if images:
+        ran = tuple(int(t) for t in output.prompt_token_ids)
+        prompt_len = len(ran)
     gens = []
     for c in sorted(output.outputs, key=lambda c: c.index):
         ids = list(c.token_ids)
@@ -93,7 +99,7 @@ def to_generations(output: Any, prompt_len: int, version: int) -> list[Generatio
         if len(lps) != len(ids):
             raise EngineError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens")
         reason = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
-        gens.append(Generation(ids, lps, reason, prompt_len, version))
+        gens.append(Generation(ids, lps, reason, prompt_len, version, ran))
     return gens
 
 
@@ -185,10 +191,19 @@ class VLLMBackend(BaseEngine):
             gpu_memory_utilization=gpu_memory_utilization, extra=extra, sleep_mode=sleep_mode,
         )
         self.sleep_mode = sleep_mode
+        from arl.engine.vllm_vision import enable_vision
+
+        vision = enable_vision(model)  # a Qwen2-VL-family directory: vLLM takes its images (arl.engine.vllm_vision)
+        if vision:
+            kw.setdefault("limit_mm_per_prompt", {"image": 8})
         vllm_engine = self._start(kw)
         cfg = vllm_engine.model_config
         self._dtype = cfg.dtype  # what pushed weights are cast to
         super().__init__(vllm_engine.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
+        if vision:
+            from arl.engine.images import ImageRenderer
+
+            self.image_renderer = ImageRenderer(model, self.tokenizer)
         self.lora_enabled = lora_enabled(vllm_engine)
         self._adapters = AdapterStore()
         self._adapter: ServedAdapter | None = None  # what new requests are served with

@@ -1,0 +1,237 @@
+"""Image prompts (issue 46 items 3 and 5): the engine's expanded ids are the renderer's and the
+processor's, its log-probs the trainer's forward's, and bad input gets a typed error.
+
+The vLLM tests carry the `vllm` marker; the HF and scripted ones run everywhere. All on the zoo's
+tiny-vl (random init: agreement, not quality, is what is checked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import doctest
+import io
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import arl.envs  # noqa: F401  (registers the ids)
+from arl.engine import SamplingParams
+from arl.engine import images as images_module
+from arl.engine.base import InvalidPromptError, PromptTooLongError
+from arl.engine.images import (
+    ImagePrompt,
+    ImageRenderer,
+    NoVisionTowerError,
+    TooManyImagesError,
+    UnreadableImageError,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def vl_path() -> str:
+    from arl.models import resolve_model
+
+    return resolve_model("tiny-vl")
+
+
+@pytest.fixture(scope="module")
+def renderer(vl_path) -> ImageRenderer:
+    return ImageRenderer(vl_path)
+
+
+@pytest.fixture(scope="module")
+def hf_vl(vl_path):
+    from arl.engine.hf import HFEngine
+
+    engine = HFEngine(vl_path, max_model_len=512)
+    yield engine
+    asyncio.run(engine.close())
+
+
+def frame(env_id: str = "arl/FrozenLake-v0", seed: int = 0) -> np.ndarray:
+    env = gym.make(env_id).unwrapped
+    env.reset(seed=seed)
+    return env.frame()
+
+
+def chat_ids(tokenizer, n_images: int = 1, text: str = "Where next?") -> list[int]:
+    parts = [{"type": "text", "text": text}] + [{"type": "image"}] * n_images
+    out = tokenizer.apply_chat_template([{"role": "user", "content": parts}], tokenize=True, add_generation_prompt=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def chat_text(tokenizer, n_images: int = 1, text: str = "Where next?") -> str:
+    parts = [{"type": "text", "text": text}] + [{"type": "image"}] * n_images
+    return tokenizer.apply_chat_template([{"role": "user", "content": parts}], tokenize=False, add_generation_prompt=True)
+
+
+def trainer_logprobs(model, rendered, completion: list[int]) -> list[float]:
+    """What a trainer computes: one forward over prompt + completion with the renderer's pixels."""
+    import torch
+
+    inputs = rendered.model_inputs()
+    n = len(rendered.input_ids)
+    inputs["input_ids"] = torch.tensor([list(rendered.input_ids) + completion])
+    inputs["mm_token_type_ids"] = torch.cat(
+        [inputs["mm_token_type_ids"], torch.zeros((1, len(completion)), dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, n - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+def test_doctests():
+    failures, tried = doctest.testmod(images_module)
+    assert tried >= 2 and failures == 0
+
+
+# -- the renderer ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id, cells", [("arl/FrozenLake-v0", 16), ("arl/Sokoban-v0", 36)])
+def test_one_image_token_per_cell(renderer, env_id, cells):
+    assert renderer.tokens_per_image(frame(env_id)) == cells
+
+
+def test_renderer_ids_and_pixels_are_the_processors(renderer):
+    """Token-in expansion == the processor's own text-level expansion, pixels byte-identical."""
+    tok = renderer.processor.tokenizer
+    frames = [frame(), frame("arl/Sokoban-v0", 3)]
+    rendered = renderer.render(ImagePrompt(chat_ids(tok, 2), frames))
+    out = renderer.processor(text=[chat_text(tok, 2)], images=frames, return_tensors="np")
+    assert list(rendered.input_ids) == out["input_ids"][0].tolist()
+    assert rendered.pixel_values.tobytes() == np.ascontiguousarray(out["pixel_values"], np.float32).tobytes()
+    assert rendered.image_grid_thw.tolist() == out["image_grid_thw"].tolist()
+    assert int(rendered.image_token_mask.sum()) == 16 + 36
+
+
+def test_every_image_form_gives_the_same_pixels(renderer):
+    from PIL import Image
+
+    img = frame()
+    png = io.BytesIO()
+    Image.fromarray(img).save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    ids = chat_ids(renderer.processor.tokenizer)
+    pixels = {renderer.render(ImagePrompt(ids, [form])).pixel_values.tobytes()
+              for form in (img, Image.fromarray(img), png.getvalue(), url)}
+    assert len(pixels) == 1
+
+
+@pytest.mark.parametrize("bad", [b"not an image", "hello", np.zeros((4, 4), np.float32),
+                                 "data:image/png;base64,@@@", object()])
+def test_unreadable_images_are_typed(renderer, bad):
+    with pytest.raises(UnreadableImageError):
+        renderer.render(ImagePrompt(chat_ids(renderer.processor.tokenizer), [bad]))
+
+
+def test_placeholders_must_pair_with_images(renderer):
+    ids = chat_ids(renderer.processor.tokenizer, 1)
+    with pytest.raises(InvalidPromptError, match="placeholder"):
+        renderer.render(ImagePrompt(ids, [frame(), frame()]))
+    expanded = renderer.render(ImagePrompt(ids, [frame()])).input_ids
+    with pytest.raises(InvalidPromptError, match="placeholder"):  # already expanded: not accepted twice
+        renderer.render(ImagePrompt(expanded, [frame()]))
+
+
+def test_text_model_has_no_renderer(tiny_path):
+    with pytest.raises(NoVisionTowerError):
+        ImageRenderer(tiny_path)
+
+
+# -- the scripted engine (fake pixels) ----------------------------------------------------------------
+async def test_scripted_takes_images_with_fake_pixels(vl_path, tiny_tokenizer):
+    from transformers import AutoTokenizer
+
+    from arl.engine.scripted import ScriptedEngine
+
+    tok = AutoTokenizer.from_pretrained(vl_path)
+    engine = ScriptedEngine(tok, image_tokens=3)
+    ids = chat_ids(tok)
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    gen = await engine.generate(ImagePrompt(ids, [frame()]), SamplingParams(max_tokens=16))
+    assert gen.prompt_token_ids.count(pad) == 3 and gen.prompt_len == len(ids) + 2
+    other = [await engine.generate(ImagePrompt(ids, [frame(seed=s)]), SamplingParams(max_tokens=16)) for s in range(1, 9)]
+    assert len({tuple(g.logprobs) for g in other}) > 1  # the answer depends on the image
+    with pytest.raises(NoVisionTowerError):  # a tokenizer without image tokens: a text-only model
+        await ScriptedEngine(tiny_tokenizer).generate(ImagePrompt([1, 2], [frame()]))
+    with pytest.raises(TooManyImagesError):
+        await ScriptedEngine(tok, max_model_len=len(ids) + 8, image_tokens=10).generate(ImagePrompt(ids, [frame()]))
+    assert issubclass(TooManyImagesError, PromptTooLongError)
+
+
+# -- HF: the engine's view == the trainer's view ------------------------------------------------------
+async def test_hf_expanded_ids_and_logprobs_match_the_trainer(hf_vl, renderer):
+    ids = chat_ids(hf_vl.tokenizer, 2)
+    frames = [frame(), frame("arl/Sokoban-v0", 1)]
+    gens = await hf_vl.generate(ImagePrompt(ids, frames), SamplingParams(max_tokens=6, temperature=1.0, seed=3, n=2))
+    rendered = renderer.render(ImagePrompt(ids, frames))
+    for gen in gens:
+        assert gen.prompt_token_ids == rendered.input_ids and gen.prompt_len == len(rendered.input_ids)
+        assert np.allclose(trainer_logprobs(hf_vl.model, rendered, gen.token_ids), gen.logprobs, atol=1e-4)
+
+
+async def test_hf_serves_text_and_image_requests_together(hf_vl):
+    tok = hf_vl.tokenizer
+    text_ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    text_ids = list(text_ids["input_ids"] if hasattr(text_ids, "keys") else text_ids)
+    greedy = SamplingParams(max_tokens=5, temperature=0)
+    alone = await hf_vl.generate(ImagePrompt(chat_ids(tok), [frame()]), greedy)
+    together = await asyncio.gather(hf_vl.generate(text_ids, greedy), hf_vl.generate(ImagePrompt(chat_ids(tok), [frame()]), greedy),
+                                    hf_vl.generate(text_ids, greedy))
+    assert together[1].token_ids == alone.token_ids and together[0].token_ids == together[2].token_ids
+    assert together[0].prompt_token_ids is None  # a token prompt ran as given
+
+
+async def test_hf_bad_input_is_typed_and_the_engine_serves_on(hf_vl):
+    ids = chat_ids(hf_vl.tokenizer, 4)
+    with pytest.raises(TooManyImagesError, match="context of 512"):
+        await hf_vl.generate(ImagePrompt(ids, [np.zeros((28 * 12, 28 * 12, 3), np.uint8)] * 4))  # 4 x 144 tokens
+    with pytest.raises(UnreadableImageError):
+        await hf_vl.generate(ImagePrompt(chat_ids(hf_vl.tokenizer), [b"\x89PNG broken"]))
+    gen = await hf_vl.generate(ImagePrompt(chat_ids(hf_vl.tokenizer), [frame()]), SamplingParams(max_tokens=2))
+    assert len(gen.token_ids) == 2
+
+
+async def test_hf_text_model_refuses_images(hf_engine):
+    with pytest.raises(NoVisionTowerError, match="no vision tower"):
+        await hf_engine.generate(ImagePrompt([1, 2, 3], [frame()]))
+
+
+# -- vLLM: the engine's view == the trainer's view ----------------------------------------------------
+@pytest.fixture(scope="module")
+def vllm_vl(vl_path):
+    from arl.engine.vllm import VLLMEngine
+
+    engine = VLLMEngine(vl_path, max_model_len=512, kv_cache_memory_bytes=64 * 2**20)
+    yield engine
+    asyncio.run(engine.close())
+
+
+@pytest.mark.vllm
+async def test_vllm_expanded_ids_and_logprobs_match_hf_and_the_trainer(vllm_vl, hf_vl, renderer):
+    ids = chat_ids(vllm_vl.tokenizer, 2)
+    frames = [frame("arl/Sokoban-v0", 2), frame()]
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    gen = await vllm_vl.generate(ImagePrompt(ids, frames), greedy)
+    rendered = renderer.render(ImagePrompt(ids, frames))
+    assert gen.prompt_token_ids == rendered.input_ids  # vLLM's RequestOutput.prompt_token_ids
+    ref = await hf_vl.generate(ImagePrompt(ids, frames), greedy)
+    assert gen.token_ids == ref.token_ids
+    assert np.allclose(gen.logprobs, ref.logprobs, atol=1e-4)
+    assert np.allclose(trainer_logprobs(hf_vl.model, rendered, gen.token_ids), gen.logprobs, atol=1e-4)
+
+
+@pytest.mark.vllm
+async def test_vllm_bad_input_is_typed_and_the_engine_serves_on(vllm_vl, vllm_engine):
+    ids = chat_ids(vllm_vl.tokenizer, 4)
+    with pytest.raises(TooManyImagesError):
+        await vllm_vl.generate(ImagePrompt(ids, [np.zeros((28 * 12, 28 * 12, 3), np.uint8)] * 4))
+    with pytest.raises(UnreadableImageError):
+        await vllm_vl.generate(ImagePrompt(chat_ids(vllm_vl.tokenizer), ["not a url"]))
+    with pytest.raises(NoVisionTowerError):  # the text-only tiny model
+        await vllm_engine.generate(ImagePrompt([1, 2, 3], [frame()]))
+    gens = await asyncio.gather(*[vllm_vl.generate(ImagePrompt(chat_ids(vllm_vl.tokenizer), [f]), SamplingParams(max_tokens=2))
+                                  for f in (frame(), frame("arl/Sokoban-v0"))])
+    assert [g.prompt_len - len(chat_ids(vllm_vl.tokenizer)) + 1 for g in gens] == [16, 36]
