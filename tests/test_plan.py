@@ -35,7 +35,8 @@ from arl.plan import (
 
 ROOT = Path(__file__).resolve().parents[1]
 # "Number of Parameters" on each model card (billions, as rounded there)
-MODEL_CARD_BILLIONS = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61}
+MODEL_CARD_BILLIONS = {"qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.61,
+                       "qwen2.5-vl-3b": 3.75, "qwen2.5-vl-7b": 8.29}
 
 
 @pytest.mark.parametrize("module", [planner, terms], ids=lambda m: m.__name__)
@@ -53,10 +54,36 @@ def _meta_model(shape):
                   num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
                   head_dim=shape.head_dim, intermediate_size=shape.intermediate_size,
                   tie_word_embeddings=shape.tie_word_embeddings)
+    if shape.vision_params:  # a Qwen2-VL-family model: the decoder above plus its vision tower
+        return _meta_vl_model(shape, common)
     with torch.device("meta"):
         if shape.attention_bias:  # the Qwen2 family
             return Qwen2ForCausalLM(Qwen2Config(**common))
         return LlamaForCausalLM(LlamaConfig(attention_bias=False, **common))
+
+
+def _meta_vl_model(shape, text):
+    """Qwen2.5-VL (its published vision_config) or, for the zoo's tiny-vl, Qwen2-VL (TinyVLSpec's)."""
+    import torch
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
+
+    from arl.models.tiny_vl import TinyVLSpec
+
+    with torch.device("meta"):
+        if shape.name == "tiny-vl":
+            spec = TinyVLSpec()
+            vision = dict(depth=spec.vision_depth, embed_dim=spec.vision_embed_dim, hidden_size=shape.hidden_size,
+                          num_heads=spec.vision_heads, mlp_ratio=spec.vision_mlp_ratio)
+            return Qwen2VLForConditionalGeneration(Qwen2VLConfig(text_config=text, vision_config=vision,
+                                                                 tie_word_embeddings=shape.tie_word_embeddings))
+        vision = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=shape.hidden_size)
+        return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision,
+                                                                   tie_word_embeddings=shape.tie_word_embeddings))
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_SHAPES))
@@ -332,6 +359,15 @@ def test_sleep_mode_counts_the_larger_phase():
     assert awake.engine_overhead < awake.engine_bytes and asleep.total_bytes < awake.total_bytes
     assert not awake.fits(24) and asleep.total_bytes < awake.total_bytes - awake.kv_cache
     assert "engine_sleeps" not in asleep.breakdown()
+
+
+def test_vl_shapes_resolve_by_name_and_from_the_built_tiny_vl():
+    from arl.models import resolve_model
+
+    assert model_shape("Qwen/Qwen2.5-VL-3B-Instruct") is KNOWN_SHAPES["qwen2.5-vl-3b"]
+    assert model_shape("Qwen2.5-VL-7B-Instruct") is KNOWN_SHAPES["qwen2.5-vl-7b"]
+    from_dir = model_shape(resolve_model("tiny-vl"))
+    assert attrs.evolve(from_dir, name="tiny-vl", source="") == attrs.evolve(KNOWN_SHAPES["tiny-vl"], source="")
 
 
 def test_model_shape_lookup():

@@ -53,6 +53,7 @@ def parameter_count(shape: ModelShape) -> int:
                  + 2H)                            (the two RMSNorm weights of a layer)
           + H                                     (final norm)
           + V*H  unless the embeddings are tied   (lm_head)
+          + the vision tower, for a VLM           (`ModelShape.vision_params`)
 
     Worked example, Qwen2.5-0.5B (V 151936, H 896, L 24, Q 896, K 128, I 4864, tied):
     embedding 136,134,656; per layer 1,836,160 (attention) + 13,074,432 (MLP) + 1,792 (norms)
@@ -66,7 +67,7 @@ def parameter_count(shape: ModelShape) -> int:
     per_layer = sum(n_in * n_out for n_in, n_out in projections.values()) + 2 * h
     if shape.attention_bias:
         per_layer += sum(projections[p][1] for p in ("q_proj", "k_proj", "v_proj"))
-    return v * h + shape.num_layers * per_layer + h + (0 if shape.tie_word_embeddings else v * h)
+    return v * h + shape.num_layers * per_layer + h + (0 if shape.tie_word_embeddings else v * h) + shape.vision_params
 
 
 def lora_parameter_count(shape: ModelShape, rank: int, targets: Sequence[str] = ALL_LINEAR) -> int:
