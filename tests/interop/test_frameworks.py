@@ -273,7 +273,7 @@ async def test_dspy_every_episode_of_a_group_reaches_arl(mode, tiny_tokenizer, r
     it and ``cache=False``; with ``dspy.LM(..., cache=False)`` (the guide's recipe) all train. A
     push-mode agent given one cache dir for all episodes (``env_extra``) fails as in process: the
     episode's own cache dir is what keeps DSPy's default working."""
-    case, group = CASES["dspy-acall"], 3
+    case, group = CASES["dspy-acall"], 2
     if mode.startswith("push"):
         python = request.getfixturevalue("interop_python")
         shared = {"DSPY_CACHEDIR": str(tmp_path / "shared")} if mode.endswith("shared_cache") else {}

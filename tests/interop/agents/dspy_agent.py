@@ -8,8 +8,8 @@ NoData). Push mode gives each agent process its own cache dir inside the episode
 (``DSPY_CACHEDIR``, `arl.agents.process.RESPONSE_CACHE_DIRS`), so DSPy's default stays on.
 
 The replies are ChatAdapter's ``[[ ## field ## ]]`` sections: ReAct's step (``add``), its step
-``finish``, then its ChainOfThought extract (``reasoning``, ``answer``): three calls, each a prompt
-DSPy rebuilds from the trajectory (history rewrites, as for smolagents)."""
+``finish``, then its ChainOfThought extract (``reasoning``, ``answer``): three calls, each a new
+prompt DSPy builds from the trajectory so far, holding no assistant message (a fork per call)."""
 
 from __future__ import annotations
 
