@@ -23,6 +23,7 @@ import textwrap
 
 import pytest
 
+from arl.sandbox.backends import backend_problem, open_sandbox
 from arl.sandbox.cgroups import cgroup_problem
 from arl.sandbox.sandbox import Sandbox, SandboxLimits, bwrap_problem
 
@@ -31,6 +32,9 @@ pytestmark = pytest.mark.anyio
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unavailable: {bwrap_problem()}")
 ROOT = os.geteuid() == 0
 MiB = 2**20
+# the same attacks against the container backend (issue 48): "auto" is bwrap where it starts
+BACKENDS = ["auto", pytest.param("podman", marks=pytest.mark.skipif(
+    backend_problem("podman") is not None, reason=f"podman unavailable: {backend_problem('podman')}"))]
 
 KEY_TOOL = textwrap.dedent("""
     import ctypes, sys
@@ -50,7 +54,8 @@ KEY_TOOL = textwrap.dedent("""
 
 
 @needs_bwrap
-def test_no_keyring_shared_with_the_trainer_or_a_later_episode(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_keyring_shared_with_the_trainer_or_a_later_episode(tmp_path, backend):
     tool = tmp_path / "keys.py"
     tool.write_text(KEY_TOOL)
     tool.chmod(0o644)
@@ -65,13 +70,13 @@ def test_no_keyring_shared_with_the_trainer_or_a_later_episode(tmp_path):
         host = lambda *a: subprocess.run([sys.executable, tool, *a], capture_output=True, text=True).stdout.strip()
         assert host("write", "trainer-secret", "s3cret") == "wrote"
         assert host("read", "trainer-secret") == "s3cret"  # precondition: the keyring is shared with children
-        from arl.sandbox.sandbox import Sandbox
+        from arl.sandbox.backends import open_sandbox
         async def main():
-            async with Sandbox(python=True, read_only=[tool]) as episode:
+            async with open_sandbox(backend={backend!r}, python=True, read_only=[tool]) as episode:
                 assert "session keyring" not in episode.lost
                 stolen = (await episode.run(f"python {{tool}} read trainer-secret")).stdout.strip()
                 left = (await episode.run(f"python {{tool}} write arl-leak hidden-tests")).stdout.strip()
-            async with Sandbox(python=True, read_only=[tool]) as later:
+            async with open_sandbox(backend={backend!r}, python=True, read_only=[tool]) as later:
                 found = (await later.run(f"python {{tool}} read arl-leak")).stdout.strip()
             print(stolen, left, found, host("read", "arl-leak"))
         asyncio.run(main())
@@ -92,11 +97,12 @@ async def _assert_bounded_or_said(sb: Sandbox, lost: str, precondition: str | No
     assert lost not in sb.lost
 
 
-async def test_memory_binds_the_sandbox_as_a_whole():
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_memory_binds_the_sandbox_as_a_whole(backend):
     """Four processes of 80 MiB each, under the 256 MiB address-space limit; 160 MiB for the sandbox."""
     limits = SandboxLimits(wall_s=30.0, cpu_s=20.0, memory_bytes=256 * MiB, total_memory_bytes=160 * MiB)
-    async with Sandbox(limits, python=True) as sb:
-        await _assert_bounded_or_said(sb, "whole-sandbox memory limit", None if ROOT and cgroup_problem() is None
+    async with open_sandbox(limits, backend=backend, python=True) as sb:
+        await _assert_bounded_or_said(sb, "whole-sandbox memory limit", None if backend != "auto" or ROOT and cgroup_problem() is None
                                       else f"not root or no writable cgroups: {cgroup_problem()}")
         hold = "python -S -c 'import time; b = b\"x\" * (80 << 20); time.sleep(2); print(\"held\")'"
         result = await sb.run(f"for i in 1 2 3 4; do {hold} & done; wait")
@@ -105,10 +111,11 @@ async def test_memory_binds_the_sandbox_as_a_whole():
     assert result.stdout.count("held") < 4, "four processes held 320 MiB in a 160 MiB sandbox"
 
 
-async def test_disk_binds_the_work_dir_as_a_whole():
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_disk_binds_the_work_dir_as_a_whole(backend):
     """24 files of 2 MiB, each under the 4 MiB file-size limit; 16 MiB for the work dir."""
     limits = SandboxLimits(wall_s=30.0, file_size_bytes=4 * MiB, disk_bytes=16 * MiB)
-    async with Sandbox(limits) as sb:
+    async with open_sandbox(limits, backend=backend) as sb:
         await _assert_bounded_or_said(sb, "work dir size limit", None if ROOT else "not root: no tmpfs mount")
         result = await sb.run("for i in $(seq 24); do head -c 2M /dev/zero > f$i || exit 7; done")
         written = sum(p.stat().st_size for p in sb.workdir.iterdir())
@@ -119,9 +126,10 @@ async def test_disk_binds_the_work_dir_as_a_whole():
 
 
 @needs_bwrap
-async def test_tmp_has_a_size():
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_tmp_has_a_size(backend):
     limits = SandboxLimits(wall_s=30.0, file_size_bytes=64 * MiB, tmp_bytes=8 * MiB)
-    async with Sandbox(limits) as sb:
+    async with open_sandbox(limits, backend=backend) as sb:
         result = await sb.run("head -c 32M /dev/zero > /tmp/big; s=$?; du -k /tmp/big | cut -f1; exit $s")
     assert result.exit_code != 0 and "No space left" in result.stderr, result
     assert int(result.stdout.strip()) <= 8 * 1024

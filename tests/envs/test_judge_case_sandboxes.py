@@ -1,7 +1,7 @@
 """Issue 47 §B: every hidden-test case of one submission runs in a sandbox of its own (its own uid,
 work dir and process cgroup), so judged code that forks until refused cannot make the other cases
 fail to start, which used to end the episode as `JudgeUnavailable` (masked out of the loss: a wrong
-fix escaped its zero). Runs in both modes, as tests/envs/test_adversarial_judge.py does.
+fix escaped its zero). Runs on every backend here, as tests/envs/test_adversarial_judge.py does.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import pytest
 
 from arl.envs.bugfix import JudgeUnavailable, generate_task
 from arl.envs.bugfix import judge as judge_module
+from arl.sandbox.backends import backend_problem
 from arl.sandbox.sandbox import bwrap_problem
 
 pytestmark = pytest.mark.anyio
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unavailable: {bwrap_problem()}")
-MODES = ["none", pytest.param("bwrap", marks=needs_bwrap)]
+MODES = ["none", pytest.param("bwrap", marks=needs_bwrap), pytest.param("podman", marks=pytest.mark.skipif(
+    backend_problem("podman") is not None, reason=f"podman unavailable: {backend_problem('podman')}"))]
 
 # Appended to the buggy module: on import (in every case), fork until the kernel refuses, the
 # children holding their processes until their case ends; every function then takes 0-4 s by its
