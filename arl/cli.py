@@ -193,6 +193,15 @@ def eval_settings(args: argparse.Namespace) -> Any:
         seeds = read_seeds_file(args.seeds_file)
     else:
         seeds = default_seeds(args.num_seeds)
+    if args.oracle:  # no model: the positional is the game or the config, as with --base-url
+        from arl.rollout.oracle import check_oracle
+
+        if args.base_url is not None or args.model_name is not None:
+            raise ValueError("--oracle plays the gold solutions: no --base-url or --model")
+        _eval_target(args)
+        rollout = eval_rollout(args)
+        check_oracle(rollout)
+        return EvalSettings(model="oracle", backend="oracle", rollout=rollout, seeds=seeds, attempts=args.attempts)
     if args.base_url is not None:  # the model behind a URL: the positional is the game or the config
         if not args.model_name:
             raise ValueError("--base-url needs --model NAME: the name the server serves the model under")
@@ -247,6 +256,11 @@ async def _eval(args: argparse.Namespace, settings: Any) -> Any:
         bar.update()
 
     try:
+        if settings.backend == "oracle":
+            from arl.rollout.oracle import make_oracle_manager
+
+            return await evaluate(None, settings, out=out, resume=out is not None, concurrency=args.concurrency,
+                                  on_row=on_row, manager=make_oracle_manager(settings.rollout))
         if settings.endpoint is not None:
             from arl.rollout.remote import ChatEndpoint, make_remote_manager
 
@@ -464,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=None, metavar="URL",
                    help="an OpenAI-compatible server (http://HOST:PORT/v1): play against it through chat messages "
                         "instead of an in-process engine (no token ids: nothing to train on)")
+    p.add_argument("--oracle", action="store_true",
+                   help="play each task's gold solution instead of a model (the games' shortest solutions, BugFix's "
+                        "known fix): the panel's upper bound; the positional is ENV|CONFIG")
     p.add_argument("--model", dest="model_name", default=None, metavar="NAME",
                    help="with --base-url: the model name the server serves")
     p.add_argument("--api-key-env", default=None, metavar="VAR",

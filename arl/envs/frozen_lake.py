@@ -190,6 +190,36 @@ class FrozenLakeEnv(Game):
         image token per cell for a Qwen2-VL-family model (`arl.envs.render`); whatever the render mode."""
         return render_codes(self._obs(), frozen_lake_sprites())
 
+    def solution(self) -> list[str] | None:
+        """The gold solution from the current state: the shortest list of action names that
+        walks to the goal around the holes (breadth-first search), [] at the goal, None where none
+        exists (in a hole). On slippery ice a move may slip: `arl eval --oracle` asks again after
+        every step, so it follows a shortest path from wherever it is, which does not always arrive.
+
+        >>> env = FrozenLakeEnv(size=3); _ = env.reset(options={"map": ["SFF", "FHF", "FFG"]})
+        >>> env.solution()
+        ['Down', 'Down', 'Right', 'Right']
+        """
+        if self._holes[self._player]:
+            return None
+        n_rows, n_cols = self._holes.shape
+        came: dict[tuple[int, int], tuple[tuple[int, int], int] | None] = {self._player: None}
+        queue = deque([self._player])
+        while queue:
+            cell = queue.popleft()
+            if cell == self._goal:
+                path: list[str] = []
+                while (step := came[cell]) is not None:
+                    cell, a = step
+                    path.append(self.action_names[a])
+                return path[::-1]
+            for a, (dr, dc) in enumerate(_DIRECTIONS):
+                nxt = (cell[0] + dr, cell[1] + dc)
+                if 0 <= nxt[0] < n_rows and 0 <= nxt[1] < n_cols and not self._holes[nxt] and nxt not in came:
+                    came[nxt] = (cell, a)
+                    queue.append(nxt)
+        return None
+
     # ------------------------------------------------------------------ helpers
     def _done(self) -> bool:
         return bool(self._player == self._goal or self._holes[self._player])

@@ -387,7 +387,7 @@ async def evaluate(
         if sink.read(1) != "\n":
             sink.write("\n")
 
-    tokenizer = manager.tokenizer
+    tokenizer = getattr(manager.engine, "tokenizer", None)  # none: a model server's or the oracle's replies are text
     decode = None if tokenizer is None else lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
     async def one(spec: EpisodeSpec) -> None:

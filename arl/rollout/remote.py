@@ -34,6 +34,7 @@ rollout's ``engine_error`` with the error's class and text in ``traj.error``; th
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -131,20 +132,33 @@ class ChatReply:
 
 
 def read_completion(completion: Any, latency_s: float) -> ChatReply:
-    """The `ChatReply` of an ``openai`` ``ChatCompletion``; anything else is an `EndpointReplyError`."""
+    """The `ChatReply` of an ``openai`` ``ChatCompletion``; anything else is an `EndpointReplyError`.
+    A reply's tool calls are in its text as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
+    lines after its content (what results rows and `arl view` show)."""
     choices = getattr(completion, "choices", None)
     if not choices:
         raise EndpointReplyError(f"the reply is not a chat completion with choices: {str(completion)[:200]!r}")
     message = getattr(choices[0], "message", None)
     if message is None:
         raise EndpointReplyError("the reply's first choice has no message")
-    text = message.content
-    if text is None and not getattr(message, "tool_calls", None):
+    text, tool_calls = message.content, getattr(message, "tool_calls", None) or []
+    if text is None and not tool_calls:
         raise EndpointReplyError("the reply's message has neither content nor tool calls")
+    calls = [f"<tool_call>{json.dumps({'name': c.function.name, 'arguments': _arguments(c.function.arguments)})}"
+             "</tool_call>" for c in tool_calls if getattr(c, "function", None) is not None]
+    text = "\n".join([text or "", *calls]).strip() if calls else text
     usage = getattr(completion, "usage", None)
     return ChatReply(text=text or "", finish_reason=str(choices[0].finish_reason or "stop"), latency_s=latency_s,
                      prompt_tokens=getattr(usage, "prompt_tokens", None),
                      completion_tokens=getattr(usage, "completion_tokens", None))
+
+
+def _arguments(text: str) -> Any:
+    """A tool call's arguments as the JSON they hold (as sent where they are not JSON)."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
 
 
 class ChatEndpoint:
@@ -245,17 +259,22 @@ class RemoteTrajEnvManager(_RemoteCalls, TrajEnvManager):
 class RecordingClient:
     """An ``openai.AsyncOpenAI`` whose ``chat.completions.create`` calls are timed and counted.
 
-    Everything else (``base_url``, ``api_key``, ``responses``, ...) is the wrapped client's. A call
+    With ``model``, every call asks for that model (an agent written for arl's proxy, which serves
+    any name, does not know the server's). Everything else (``base_url``, ``api_key``,
+    ``responses``, ...) is the wrapped client's. A call
     that fails is recorded as its `EndpointError` (``failure``) and raised to the agent as the
     ``openai`` error it was, so the agent handles it as it would any server's."""
 
-    def __init__(self, client: Any):
+    def __init__(self, client: Any, model: str | None = None):
         self._client = client
+        self.model = model
         self.calls: list[ChatReply] = []
         self.failure: EndpointError | None = None
         self.chat = _Namespace(completions=_Namespace(create=self._create))
 
     async def _create(self, **kwargs: Any) -> Any:
+        if self.model is not None:  # the name the server serves, whatever the agent calls its model
+            kwargs["model"] = self.model
         start = time.perf_counter()
         try:
             completion = await self._client.chat.completions.create(**kwargs)
@@ -292,10 +311,14 @@ class RemoteProxyEnvManager(EnvManager):
         return RemoteProxyEnvManager(self.engine if engine is None else engine, config or self.config,
                                      self.runner_factory)
 
+    def client_for(self, spec: EpisodeSpec) -> Any:
+        """The client the episode's agent calls (`RecordingClient` wraps it): the endpoint's."""
+        return self.engine.client
+
     async def _play(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
         from arl.rollout.proxy import ProxyEnvManager, _result_problem
 
-        client = RecordingClient(self.engine.client)
+        client = RecordingClient(self.client_for(spec), getattr(self.engine, "model", None))
         start = time.perf_counter()
         try:
             runner = self.runner_factory(client, spec, self.config)
