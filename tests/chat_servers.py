@@ -78,11 +78,13 @@ class FakeChatServer(_Threaded):
         super().__init__()
         self.mode, self.delay_s = mode, delay_s
         self.requests = 0
+        self.models: set[str] = set()  # the model names asked for
         self._runner: web.AppRunner | None = None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
         body = await request.json()
+        self.models.add(str(body.get("model")))
         await asyncio.sleep(self.delay_s)
         mode = self.mode
         if mode == "flaky":

@@ -78,6 +78,7 @@ def test_each_mode_runs_against_a_server(capsys, tmp_path):
             results[mode] = {r["seed"]: (r["score"], r["success"], r["replies"]) for r in rows_of(tmp_path / mode)}
             rows = rows_of(tmp_path / mode)
             assert all(r["actions_judged"] == r["turns"] == len(r["call_latency_s"]) >= 1 for r in rows), mode
+        assert server.models == {"fake"}  # the agent asks for the --model name, whatever it calls its model
     assert results["traj"] == results["proxy"]
     assert sorted(results["step"]) == [0, 1, 2, 3]
 
