@@ -17,10 +17,13 @@ tracker render conversations the same way; they are re-exported here.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import hashlib
+import math
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -70,6 +73,28 @@ class InternalError(RuntimeError):
     "internal_error"). Any other unexpected exception in a manager without agent code (traj,
     step) is classified the same way.
     """
+
+
+# the running episode's timeout scope (None without episode_timeout_s): tasks its agent starts inherit it
+_EPISODE_SCOPE: contextvars.ContextVar[Any] = contextvars.ContextVar("arl_episode_scope", default=None)
+
+
+@contextlib.contextmanager
+def episode_clock_paused() -> Iterator[None]:
+    """Stop the running episode's ``episode_timeout_s`` clock for the block: the time the trainer
+    holds the episode (a partial rollout's update, `arl.rollout.partial.RequestGate`) is not the
+    episode's own. No-op outside an episode, without a timeout, and in tasks that do not inherit the
+    episode's context (the http proxy's request handlers)."""
+    scope = _EPISODE_SCOPE.get()
+    if scope is None:
+        yield
+        return
+    left = scope.deadline - anyio.current_time()
+    scope.deadline = math.inf
+    try:
+        yield
+    finally:
+        scope.deadline = anyio.current_time() + left
 
 
 def request_seed(config: ManagerConfig, spec: EpisodeSpec, turn: int) -> int | None:
@@ -124,8 +149,12 @@ class EnvManager(abc.ABC):
         samples: list[Sample] = []
         try:
             timeout = self.config.episode_timeout_s
-            with anyio.fail_after(timeout) if timeout is not None else _null_scope():
-                samples = await self._play(spec, traj)
+            with anyio.fail_after(timeout) if timeout is not None else _null_scope() as scope:
+                token = _EPISODE_SCOPE.set(scope)
+                try:
+                    samples = await self._play(spec, traj)
+                finally:
+                    _EPISODE_SCOPE.reset(token)
         except Exception as exc:  # noqa: BLE001 -- the boundary: every failure becomes data
             traj.status, traj.exit_reason = _classify(exc)
             traj.traceback = traceback.format_exc()  # an EnvError's includes its cause's

@@ -39,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from arl.rollout.base import EnvManager, Episode
+from arl.rollout.base import EnvManager, Episode, episode_clock_paused
 from arl.rollout.metrics import rollout_metrics
 from arl.rollout.records import EpisodeSpec, Trajectory
 from arl.rollout.scheduler import GroupScheduler, RolloutBatch, _group
@@ -68,12 +68,14 @@ class RequestGate:
         return self._open.is_set()
 
     async def enter(self, traj: Trajectory) -> None:
-        """Wait while the gate is closed (timed into ``traj.timings["paused"]``), then count the request in."""
+        """Wait while the gate is closed (timed into ``traj.timings["paused"]``, with the episode's
+        ``episode_timeout_s`` clock stopped: the update's time is not the episode's), then count the request in."""
         if not self._open.is_set():
             self.held += 1
             start = time.perf_counter()
-            while not self._open.is_set():  # closed again before this waiter ran: wait again
-                await self._open.wait()
+            with episode_clock_paused():
+                while not self._open.is_set():  # closed again before this waiter ran: wait again
+                    await self._open.wait()
             traj.timings["paused"] = traj.timings.get("paused", 0.0) + time.perf_counter() - start
         self.in_flight += 1
         self._idle.clear()

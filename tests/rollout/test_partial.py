@@ -141,6 +141,27 @@ async def test_update_drains_running_requests_and_lets_none_start(tiny_path):
         await engine.close()
 
 
+async def test_the_time_an_episode_waits_out_an_update_is_not_its_timeout(tiny_path):
+    """episode_timeout_s 1 s; the carried episode waits 1.5 s at the closed gate (a long update)
+    and still finishes: the wait moved its deadline, it did not time it out."""
+    engine = _scripted()
+    sched = PartialScheduler("arl/FrozenLake-v0", num_groups=2, group_size=2, carry_over_groups=1, max_age=2)
+    manager = Held(engine, ManagerConfig(max_tokens=16, max_turns=3, episode_timeout_s=1.0), hold={(1, 0)})
+    try:
+        await sched.collect(manager, 0)
+        manager.hold[(1, 0)].set()
+        await _until(lambda: sched.gate.held == 1)
+        await asyncio.sleep(1.5)  # the update
+        sched.resume()
+        batch = await sched.collect(manager, 1)
+        held = batch.groups["train_1_1"][0].trajectory
+        assert (held.status, held.exit_reason, len(held.turns)) == ("Finished", "truncated", 3)
+        assert held.timings["paused"] >= 1.5
+    finally:
+        await sched.aclose()
+        await engine.close()
+
+
 async def test_groups_past_max_age_are_dropped_and_counted(tiny_path):
     engine = _scripted()
     sched = PartialScheduler("arl/FrozenLake-v0", num_groups=2, group_size=2, carry_over_groups=1, max_age=0)
