@@ -214,6 +214,11 @@ class Trainer:
         steps); every sample carries the version that generated it, the metrics its staleness,
         and the truncated importance weight between the trainer's and the engine's log-probs
         corrects for it. Synchronous (0, the default) is exact, resume included.
+
+        Partial rollouts (``rollout.partial.enabled``, `arl.rollout.partial`): the batch is the oldest
+        ``num_groups`` whole groups finished; the episodes still running wait at the scheduler's gate
+        (their engine requests drained) through the update and the push, and go on under the new
+        weights once ``groups.resume()`` opens it.
         """
         await self.setup()
         timings: dict[str, float] = {}
