@@ -573,8 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_doctor)
 
     p = command("plan", "estimate the GPU memory training MODEL next to its vLLM engine needs, and which GPUs it fits")
-    p.add_argument("model", nargs="+", help="qwen2.5-0.5b|1.5b|3b|7b, smollm2-135m, tiny, a hub id of those, "
-                                            "or a local HF directory")
+    p.add_argument("model", nargs="+", help="qwen2.5-0.5b|1.5b|3b|7b, qwen2.5-vl-3b|7b, smollm2-135m, tiny, tiny-vl, "
+                                            "a hub id of those, or a local HF directory")
     p.add_argument("--gpu-gb", type=float, nargs="+", default=[24, 80, 141], help="GPU sizes in GiB")
     p.add_argument("--lora-rank", type=int, nargs="+", default=[16, 64])
     p.add_argument("--concurrency", type=int, default=32, help="sequences the engine holds at once (max_num_seqs)")
