@@ -7,7 +7,9 @@
 #   STEPS=4 bash arl/integrations/verl/examples/cpu_fit.sh           # same OUT: resumes from the checkpoint
 # Env: OUT (run dir: data, checkpoints; default /tmp/arl-verl-cpu-fit), STEPS (total steps, 3),
 # SAVE_FREQ (2), MODEL (tiny), WORKERS (logical GPUs = FSDP ranks, 2), DATA_SEED (verl's data.seed: the
-# shuffled order of the rows, 0; verl's default null draws a new order per launch), more hydra overrides as args.
+# shuffled order of the rows, 0; verl's default null draws a new order per launch), WARM_START (1: start from
+# arl's format warm-start of MODEL, written once to $OUT/warm_start by arl.integrations.verl.warm_start on the
+# agent loop's own prompts; 0, the default: MODEL as is), more hydra overrides as args.
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 PYTHON=${PYTHON:-python}
@@ -19,8 +21,14 @@ MODEL=${MODEL:-$("$PYTHON" -c 'from arl.models import resolve_model; print(resol
 GROUPS_PER_STEP=${GROUPS_PER_STEP:-2}   # verl rows per step
 GROUP=${GROUP:-2}                       # rollout.n: episodes per row (the GiGPO group)
 DATA_SEED=${DATA_SEED:-0}
+AGENT_LOOPS=arl/integrations/verl/examples/agent_loops_cpu.yaml
 
 mkdir -p "$OUT/data"
+if [ "${WARM_START:-0}" = 1 ]; then
+  [ -f "$OUT/warm_start/config.json" ] || "$PYTHON" -m arl.integrations.verl.warm_start --agent-loops "$AGENT_LOOPS" \
+    --env arl/FrozenLake-v0 --model "$MODEL" --out "$OUT/warm_start"
+  MODEL="$OUT/warm_start"
+fi
 [ -f "$OUT/data/train.parquet" ] || "$PYTHON" -m arl.integrations.verl.dataset --env arl/FrozenLake-v0 \
   --groups 64 --max-tokens 24 --out "$OUT/data/train.parquet"
 [ -f "$OUT/data/val.parquet" ] || "$PYTHON" -m arl.integrations.verl.dataset --env arl/FrozenLake-v0 \
@@ -53,7 +61,7 @@ exec "$PYTHON" -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.tensor_model_parallel_size="$WORKERS" \
   actor_rollout_ref.rollout.n="$GROUP" actor_rollout_ref.rollout.calculate_log_probs=true \
   actor_rollout_ref.rollout.temperature=1.0 actor_rollout_ref.rollout.agent.num_workers=1 \
-  actor_rollout_ref.rollout.agent.agent_loop_config_path=arl/integrations/verl/examples/agent_loops_cpu.yaml \
+  actor_rollout_ref.rollout.agent.agent_loop_config_path="$AGENT_LOOPS" \
   actor_rollout_ref.rollout.agent.default_agent_loop=arl_agent \
   actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.ppo_mini_batch_size="$GROUPS_PER_STEP" \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
