@@ -3,7 +3,9 @@
 Any program that uses the stock `openai` client works: it is started with
 
 - ``OPENAI_BASE_URL`` = the proxy's base URL and ``OPENAI_API_KEY`` = the episode key
-  (both read by ``openai.AsyncOpenAI()`` / ``openai.OpenAI()`` with no arguments),
+  (both read by ``openai.AsyncOpenAI()`` / ``openai.OpenAI()`` with no arguments), and the base
+  URL again as ``OPENAI_API_BASE``, the older name some frameworks read instead (LlamaIndex's
+  ``OpenAI`` / ``OpenAILike``: without it they call api.openai.com with the episode key),
 - ``ARL_SEED`` = the episode seed, ``ARL_MODEL`` = the model name to send,
 - ``ARL_RESULT_PATH`` = where to write its episode result as JSON (the fields of
   `EpisodeResult`: ``score``, ``success``, ``step_scores``, ``status``, ``exit_reason``, ...),
@@ -272,7 +274,7 @@ class PushModeRunner(AgentRunner):
         workdir.mkdir(mode=0o700)
         result_path = workdir / RESULT_NAME
         env = agent_env(self.inherit_env, self.env_extra, {
-            "OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
+            "OPENAI_BASE_URL": self.base_url, "OPENAI_API_BASE": self.base_url, "OPENAI_API_KEY": self.api_key,
             "ARL_SEED": str(seed), "ARL_MODEL": self.model, "ARL_RESULT_PATH": str(result_path),
         })
         uid = None

@@ -116,3 +116,18 @@ async def test_a_users_value_overrides_each_switch(tiny_tokenizer, monkeypatch):
                           env_extra={"LITELLM_LOCAL_MODEL_COST_MAP": "False", "MSWEA_COST_TRACKING": "default"})
     assert env == {**NEW_DEFAULTS, "AGNO_TELEMETRY": "true", "LITELLM_LOCAL_MODEL_COST_MAP": "False",
                    "MSWEA_COST_TRACKING": "default"}
+
+
+async def test_push_agents_find_the_proxy_under_the_older_name_too(tiny_tokenizer):
+    """LlamaIndex's OpenAI / OpenAILike read ``OPENAI_API_BASE``, not ``OPENAI_BASE_URL``: without
+    it, a push-mode LlamaIndex agent with its defaults sends the episode's prompts (and key) to
+    api.openai.com. Push mode sets both to the proxy's address."""
+    names = {"OPENAI_BASE_URL": None, "OPENAI_API_BASE": None}
+    command = [sys.executable, "-c", ENV_PROBE, json.dumps(sorted(names))]
+    factory = lambda client, s, config: PushModeRunner(client, command, timeout_s=60)  # noqa: E731
+    async with ProxyEnvManager(ScriptedEngine(tiny_tokenizer), ManagerConfig(max_tokens=16), factory,
+                               transport="http", granularity="traj") as manager:
+        episode = await manager.run_episode(EpisodeSpec("arl/FrozenLake-v0", 4, "train_0_4", 0))
+        address = manager.server.base_url
+    assert episode.trajectory.status == "Finished", episode.trajectory.error
+    assert json.loads(episode.trajectory.error) == {"OPENAI_BASE_URL": address, "OPENAI_API_BASE": address}
