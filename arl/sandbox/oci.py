@@ -20,8 +20,12 @@ A container (`OciSandbox.start`, lazily on the first command): ``--network none`
 loopback only); a read-only root; the work dir bound read-write at `SANDBOX_CWD`; a fresh
 ``/tmp`` of ``tmp_bytes``; ``hide`` paths covered by an empty read-only tmpfs; memory
 (``total_memory_bytes``, no swap), process (``max_procs``) and CPU (``cpus``) limits on its
-cgroup; an init that reaps orphans (``--init``: podman's catatonit, docker's tini); every capability dropped, ``no-new-privileges``, the runtime's default seccomp profile
-(which refuses the keyring calls, among many); as root, every process as the sandbox's own uid
+cgroup; an init that reaps orphans (``--init``: podman's catatonit, docker's tini); every
+capability dropped, ``no-new-privileges``, the runtime's default seccomp profile less the kernel
+keyring calls (`seccomp_profile`: ``keyctl``, ``add_key``, ``request_key`` fail with ENOSYS, as
+under bubblewrap, since the uid's user keyring outlives a sandbox and its uid is drawn again
+later; where no default profile file is found, ``lost`` says "session keyring"); as root, every
+process as the sandbox's own uid
 (`arl.sandbox.bwrap.fresh_uid`, the same uid on the host), so `reap_uid` finds what a command left
 behind, as under bubblewrap. Each command is ``<runtime> exec --user <uid> -w /workspace`` with the
 `arl.sandbox.rlimits` wrapper in front, as in the other backends.
@@ -254,6 +258,37 @@ def oci_problem(runtime: str = "podman") -> str | None:
     return _probe(runtime)[0]
 
 
+KEYRING_CALLS = ("keyctl", "add_key", "request_key")
+DEFAULT_SECCOMP = {"podman": "/usr/share/containers/seccomp.json"}  # docker's is built into its daemon
+
+
+@functools.cache
+def seccomp_profile(runtime: str) -> str | None:
+    """A seccomp profile file: ``runtime``'s default less `KEYRING_CALLS` (the profile's default
+    action, ENOSYS, then refuses them), written once per host next to the temp files; None where
+    the default profile is not found."""
+    source = DEFAULT_SECCOMP.get(runtime)
+    if source is None or not os.path.isfile(source):
+        return None
+    import json
+
+    try:
+        with open(source) as f:
+            profile = json.load(f)
+        for rule in profile.get("syscalls", []):
+            rule["names"] = [name for name in rule.get("names", []) if name not in KEYRING_CALLS]
+        data = json.dumps(profile, sort_keys=True).encode()
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    path = Path(tempfile.gettempdir()) / f"arl-seccomp-{hashlib.sha256(data).hexdigest()[:16]}.json"
+    if not path.is_file():
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_bytes(data)
+        scratch.chmod(0o644)
+        os.replace(scratch, path)
+    return str(path)
+
+
 def _ulimit_args(limits: SandboxLimits) -> list[str]:
     nproc = max(4096, limits.max_procs)
     return ["--ulimit", f"nofile={NOFILE}:{NOFILE}", "--ulimit", f"nproc={nproc}:{nproc}"]
@@ -297,9 +332,11 @@ class OciSandbox(Sandbox):
 
         self.workdir_mounted = _tmpfs_works() and _mount_tmpfs(self.workdir, limits.disk_bytes)
         self.cgroup = None  # the container's own cgroup holds the whole-sandbox limits
-        self._seccomp = None  # the runtime's default seccomp profile refuses the keyring calls
+        self._seccomp = None  # bwrap's filter; a container gets `seccomp_profile` instead
+        self._profile = seccomp_profile(runtime)
         self._links = python_links() if python else ()
-        self.lost = () if self.workdir_mounted else ("work dir size limit",)
+        self.lost = (*(() if self._profile else ("session keyring",)),
+                     *(() if self.workdir_mounted else ("work dir size limit",)))
         os.chown(self.workdir, self.uid, self.uid)
         self.cwd = SANDBOX_CWD
         bin_dir = f"{Path(sys.prefix).resolve()}/bin:" if python else ""
@@ -321,6 +358,7 @@ class OciSandbox(Sandbox):
                 "--init",  # an init that reaps: a command's orphans would stay zombies, holding the pids limit
                 "--name", self._name, "--label", f"{LABEL}=1", "--label", f"{OWNER_LABEL}={owner()}",
                 "--network", "none", "--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges",
+                *(["--security-opt", f"seccomp={self._profile}"] if self._profile else []),
                 "--user", f"{INIT_UID}:{INIT_UID}",  # not the commands' uid: `reap_uid` must not kill the init
                 "--memory", str(limits.total_memory_bytes), "--memory-swap", str(limits.total_memory_bytes),
                 "--pids-limit", str(limits.max_procs), "--cpus", f"{self.cpus:g}", *_ulimit_args(limits),

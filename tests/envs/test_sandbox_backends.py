@@ -118,6 +118,10 @@ async def test_container_isolation_and_limits():
         assert net.stdout.strip() == "['lo']"
         ro = await sandbox.exec(["sh", "-c", "touch /etc/x || echo refused; touch /workspace/y && echo wrote"])
         assert ro.stdout.split() == ["refused", "wrote"]
+        keyring = await sandbox.exec(["python", "-c", "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+                                      "libc.syscall.restype = ctypes.c_long; r = libc.syscall(250, 0, -4, 0); "
+                                      "print(r, ctypes.get_errno())"])  # KEYCTL_GET_KEYRING_ID of the user keyring
+        assert keyring.stdout.split() == ["-1", "38"], keyring  # ENOSYS: a uid's user keyring outlives its sandbox
         uid = await sandbox.exec(["id", "-u"])
         assert int(uid.stdout) == sandbox.uid != 0
         hidden = await sandbox.exec(["sh", "-c", f"ls {os.path.dirname(judge_module.ARL_PACKAGE)} /root 2>&1"])
