@@ -34,6 +34,18 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
+# podman: the container backend of the sandbox (arl.sandbox.oci; rollout.sandbox.backend: podman), as
+# root; runc beside the default crun, which cannot start containers on a cgroup v1/v2 hybrid host;
+# catatonit, the init that reaps a command's orphans. Without them that backend's tests skip, saying why.
+if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc catatonit >/dev/null 2>&1 \
+      || echo "note: apt-get could not install podman; the sandbox's container backend is unavailable"
+  else
+    echo "note: podman is not installed (needs root: apt-get install podman runc catatonit); the sandbox's container backend is unavailable"
+  fi
+fi
+
 # chromium: the headless browser the test of `arl view`'s report renders it in (tests/viz/test_browser.py);
 # only the test suite needs it (skipped without it, except under ARL_REQUIRE_BROWSER=1, as in CI).
 if ! command -v chromium >/dev/null 2>&1; then
