@@ -3,8 +3,9 @@
 `FakeChatServer` answers ``POST /v1/chat/completions`` without a model, in a thread of its own
 (so the CLI's ``asyncio.run`` can call it): ``"ok"`` a FrozenLake answer chosen by a hash of the
 messages (the same messages, the same answer), ``"hang"`` never within the client's timeout,
-``"garbage"`` a 200 whose body is not JSON, ``"empty"`` a JSON object with no choices, ``"error"``
-a 500, ``"flaky"`` every third request garbage and the others ok. `ModelServer` serves an engine
+``"garbage"`` a 200 whose body is not JSON, ``"empty"`` a JSON object with no choices, ``"shape"``
+one whose content is a number and usage strings, ``"html"`` a 200 HTML page, ``"drop"`` half a body
+and a closed connection, ``"error"`` a 500, ``"flaky"`` every third request garbage and the others ok. `ModelServer` serves an engine
 through arl's own `ProxyServer`, each request a fresh conversation. `closed_port` is a port that
 refuses connections.
 """
@@ -96,6 +97,20 @@ class FakeChatServer(_Threaded):
         if mode == "empty":
             return web.json_response({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
                                       "choices": []})
+        if mode == "shape":  # JSON of the wrong shape: the content a number, the usage strings
+            body = completion("m", "x")
+            body["choices"][0]["message"]["content"] = 5
+            body["usage"] = {"prompt_tokens": "many", "completion_tokens": None}
+            return web.json_response(body)
+        if mode == "html":
+            return web.Response(text="<html><body>502 Bad Gateway</body></html>", content_type="text/html")
+        if mode == "drop":  # half a body, then the connection closed
+            response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "400"})
+            await response.prepare(request)
+            await response.write(b'{"id": "chatcmpl-x", "choices": [')
+            assert request.transport is not None
+            request.transport.close()
+            return response
         if mode == "error":
             return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
         return web.json_response(completion(body.get("model", "fake"), answer(body["messages"])))

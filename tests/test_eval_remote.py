@@ -85,7 +85,8 @@ def test_each_mode_runs_against_a_server(capsys, tmp_path):
 
 @pytest.mark.parametrize(("mode", "kind"), [
     ("refuse", "EndpointUnreachable"), ("hang", "EndpointTimeout"), ("garbage", "EndpointReplyError"),
-    ("empty", "EndpointReplyError"), ("error", "EndpointStatusError"),
+    ("empty", "EndpointReplyError"), ("shape", "EndpointReplyError"), ("html", "EndpointReplyError"),
+    ("drop", "EndpointUnreachable"), ("error", "EndpointStatusError"),
 ])
 def test_a_failing_server_gives_typed_errors_and_exit_1(capsys, tmp_path, mode, kind):
     flags = ["--seeds", "0:3", "--out", str(tmp_path), "--request-timeout", "1", "--max-retries", "0"]

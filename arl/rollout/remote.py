@@ -135,8 +135,17 @@ def read_completion(completion: Any, latency_s: float) -> ChatReply:
     """The `ChatReply` of an ``openai`` ``ChatCompletion``; anything else is an `EndpointReplyError`.
     A reply's tool calls are in its text as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
     lines after its content (what results rows and `arl view` show)."""
+    try:
+        return _read_completion(completion, latency_s)
+    except EndpointReplyError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- a field of the wrong shape (the client does not validate replies)
+        raise EndpointReplyError(f"the reply is not a chat completion ({type(exc).__name__}: {exc})") from exc
+
+
+def _read_completion(completion: Any, latency_s: float) -> ChatReply:
     choices = getattr(completion, "choices", None)
-    if not choices:
+    if not choices or not isinstance(choices, list):
         raise EndpointReplyError(f"the reply is not a chat completion with choices: {str(completion)[:200]!r}")
     message = getattr(choices[0], "message", None)
     if message is None:
@@ -144,13 +153,20 @@ def read_completion(completion: Any, latency_s: float) -> ChatReply:
     text, tool_calls = message.content, getattr(message, "tool_calls", None) or []
     if text is None and not tool_calls:
         raise EndpointReplyError("the reply's message has neither content nor tool calls")
+    if text is not None and not isinstance(text, str):
+        raise EndpointReplyError(f"the reply's content is a {type(text).__name__}, not text")
     calls = [f"<tool_call>{json.dumps({'name': c.function.name, 'arguments': _arguments(c.function.arguments)})}"
              "</tool_call>" for c in tool_calls if getattr(c, "function", None) is not None]
     text = "\n".join([text or "", *calls]).strip() if calls else text
     usage = getattr(completion, "usage", None)
     return ChatReply(text=text or "", finish_reason=str(choices[0].finish_reason or "stop"), latency_s=latency_s,
-                     prompt_tokens=getattr(usage, "prompt_tokens", None),
-                     completion_tokens=getattr(usage, "completion_tokens", None))
+                     prompt_tokens=_count(getattr(usage, "prompt_tokens", None)),
+                     completion_tokens=_count(getattr(usage, "completion_tokens", None)))
+
+
+def _count(value: Any) -> int | None:
+    """A usage count as the server sent it, or None when it is not a count (absent, a string, negative)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _arguments(text: str) -> Any:
@@ -188,7 +204,7 @@ class ChatEndpoint:
                 seed=seed, extra_body=extra)
         except Exception as exc:  # noqa: BLE001 -- the server's failure, whatever the client raised for it
             raise endpoint_error(exc) from exc
-        return read_completion(completion, time.perf_counter() - start)
+        return read_completion(completion, time.perf_counter() - start)  # EndpointReplyError for what it cannot read
 
     async def aclose(self) -> None:
         await self.client.close()
