@@ -93,3 +93,14 @@ def test_oracle_refuses_what_it_cannot_play(capsys):
     assert code == 2 and "tool-calling agent" in err
     code, text, err = cli(capsys, "eval", "arl/FrozenLake-v0", "--oracle", "--model", "x", "--seeds", "0:2")
     assert code == 2 and "no --base-url or --model" in err
+
+
+def test_doctests_of_the_gold_solutions_and_the_endpoint():
+    import doctest
+
+    from arl.envs import frozen_lake, sokoban
+    from arl.rollout import remote
+
+    for module in (frozen_lake, sokoban, remote):
+        failures, tried = doctest.testmod(module)
+        assert tried >= 2 and failures == 0, module.__name__
