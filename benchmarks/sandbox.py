@@ -10,12 +10,14 @@ variants interleaved A/B/C in a rotating order, so load drifts hit them alike):
   (plain), `Sandbox.run` with isolation "none" (the limits wrapper, pipes read under the output
   cap), with "none" in a pull-mode agent given tool uids (as root: each command dropped with
   ``setpriv`` to a uid of the block, its leftovers reaped by uid; `arl.sandbox.uid_delegation`) and
-  with "bwrap" (new namespaces per command, binds, the uid drop as root);
-- start-up: `Sandbox(...)` + `close()` (work dir made, chowned, removed; bwrap's probe is cached);
+  with "bwrap" (new namespaces per command, binds, the uid drop as root), and with "podman" where
+  it starts (`arl.sandbox.oci`: a ``podman exec`` into the sandbox's container per command);
+- start-up: `Sandbox(...)` + ``start()`` + `close()` (work dir made, chowned, removed; bwrap's probe
+  is cached; podman's container created and removed);
 - bug-fix evaluation: `BugFixEnv.reset` + ``submit()`` (the hidden tests run in the sandbox).
 
-Ratios are to the plain subprocess row of the same command. Without bubblewrap the bwrap rows are
-skipped (and said so).
+Ratios are to the plain subprocess row of the same command. Without bubblewrap (podman) the bwrap
+(podman) rows are skipped, and said so.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import result_path, table, write_result  # noqa: E402
 
 from arl.envs.bugfix import BugFixEnv, assistant_message  # noqa: E402
+from arl.sandbox.backends import backend_problem, open_sandbox  # noqa: E402
 from arl.sandbox.bwrap import fresh_uid_block  # noqa: E402
 from arl.sandbox.sandbox import Sandbox, SandboxLimits, bwrap_problem  # noqa: E402
 from arl.sandbox.uid_delegation import TOOL_UIDS_ENV, format_uids  # noqa: E402
@@ -74,7 +77,7 @@ def given_tool_uids(variant: str):
 
 def make_box(limits: SandboxLimits, variant: str, **kwargs) -> Sandbox:
     with given_tool_uids(variant):
-        return Sandbox(limits, isolation="none" if variant == TOOL_UID else variant, **kwargs)
+        return open_sandbox(limits, backend="none" if variant == TOOL_UID else variant, **kwargs)
 
 
 async def measure(repeats: int, isolations: list[str]) -> list[dict]:
@@ -97,7 +100,7 @@ async def measure(repeats: int, isolations: list[str]) -> list[dict]:
                     times[name, variant].append(time.perf_counter() - start)
             for iso in (v for v in order if v != "plain"):
                 start = time.perf_counter()
-                await make_box(limits, iso).close()
+                await (await make_box(limits, iso).start()).close()
                 startup[iso].append(time.perf_counter() - start)
     finally:
         for box in boxes.values():
@@ -139,6 +142,10 @@ def main() -> None:
     isolations = ["none"] + ([TOOL_UID] if os.geteuid() == 0 else []) + (["bwrap"] if problem is None else [])
     if problem is not None:
         print(f"bwrap rows skipped: {problem}")
+    if (podman := backend_problem("podman")) is None:
+        isolations.append("podman")
+    else:
+        print(f"podman rows skipped: {podman}")
     if os.geteuid() != 0:
         print("tool-uid rows skipped: not root (only root can drop a command to another uid)")
     rows = asyncio.run(measure(repeats, isolations))
@@ -147,7 +154,7 @@ def main() -> None:
                 [[r["row"], r["variant"], f"{r['median_ms']:.1f}", f"{r['p95_ms']:.1f}",
                   "" if r["ratio"] is None else f"{r['ratio']:.1f}"] for r in rows]))
     write_result(args.out or result_path("sandbox", args.quick), args,
-                 {"rows": rows, "bwrap_problem": problem}, started)
+                 {"rows": rows, "bwrap_problem": problem, "podman_problem": podman}, started)
 
 
 if __name__ == "__main__":

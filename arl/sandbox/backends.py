@@ -31,7 +31,6 @@ even when its caller is cancelled. What each backend isolates: docs/threat_model
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 
 from arl.sandbox.bwrap import bwrap_problem
 from arl.sandbox.rlimits import SandboxLimits
-from arl.sandbox.sandbox import Sandbox, SandboxUnavailable
+from arl.sandbox.sandbox import IsolationWarning, Sandbox, SandboxUnavailable
 
 BACKENDS = ("auto", "bwrap", "podman", "docker", "none")
 _AUTO_ORDER = ("bwrap", "podman", "docker")
@@ -114,13 +113,18 @@ def open_sandbox(
     isolation = "auto" if (backend or _default) == "auto" and chosen == "none" else chosen
     sandbox = Sandbox(limits, isolation=isolation, read_only=read_only, python=python, hide=hide, env=env)
     if sandbox.isolation == "none" and (warning := sandbox.isolation_warning) is not None:
-        _warn_once(warning.message)
+        _warn_once(warning)
     return sandbox
 
 
-@functools.cache
-def _warn_once(message: str) -> None:
-    _log.warning("%s (arl.sandbox.backends; docs/threat_model.md)", message)
+_warned: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _warn_once(warning: IsolationWarning) -> None:
+    """Log ``warning`` once per process per backend and list of losses (not per uid in its text)."""
+    if (warning.backend, warning.lost) not in _warned:
+        _warned.add((warning.backend, warning.lost))
+        _log.warning("%s (arl.sandbox.backends; docs/threat_model.md)", warning.message)
 
 
 __all__ = ["BACKENDS", "available_backends", "backend_problem", "choose_backend", "default_backend",
