@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from arl.integrations.verl.console import step_metrics
+
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "arl/integrations/verl/examples/cpu_fit.sh"
 
@@ -34,27 +36,6 @@ pytestmark = [
                        reason="verl's CPU fit skipped on request (ARL_SKIP_VERL_FIT=1); `make verl-fit` runs it"),
 ]
 DATA_SEED, GROUPS, GROUPS_PER_STEP, GROUP = 0, 64, 2, 2  # cpu_fit.sh's defaults (data.seed, dataset, batch, n)
-
-_STEP = re.compile(r"\bstep:(\d+) - (.*)$")
-_NUMBER = re.compile(r"^(?:np\.\w+\()?(-?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))\)?$")
-
-
-def step_metrics(log: str) -> dict[int, dict[str, float]]:
-    """verl's console logger lines (``step:N - key:value - ...``) as {step: {key: value}}."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in log.splitlines():
-        match = _STEP.search(line)
-        if match is None:
-            continue
-        metrics = {}
-        for item in match.group(2).split(" - "):
-            key, _, value = item.rpartition(":")
-            number = _NUMBER.match(value.strip())
-            if key and number:
-                metrics[key.strip()] = float(number.group(1))
-        steps[int(match.group(1))] = metrics
-    return steps
-
 
 _SYNC = re.compile(r"arl_hf replica 0: weights of global step (\d+) loaded \(engine version (\d+)\); "
                    r"canary gap max (\S+) mean (\S+)$")
