@@ -212,7 +212,8 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
     ) -> None:
         if isolation not in ISOLATIONS:
-            raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+            raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r} (a container backend: "
+                             "arl.sandbox.backends.open_sandbox)")
         problem = None if isolation == "none" else bwrap_problem()
         if isolation == "bwrap" and problem is not None:
             raise SandboxUnavailable(problem)
