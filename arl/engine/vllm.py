@@ -303,6 +303,8 @@ class VLLMEngine(VLLMBackend):
             )
             if not keep_kv:  # cached KV was computed by the old weights (keep_kv: reused, stale, on purpose)
                 self._engine.reset_prefix_cache()
+            if self.image_renderer is not None:  # image features computed by the old vision tower are stale
+                self._engine.reset_encoder_cache()
             self._serve(None)  # new weights are a new policy: an adapter trained on the old base is dropped
 
     async def _update_adapter(self, adapter: LoRAAdapter) -> None:

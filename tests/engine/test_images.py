@@ -235,3 +235,24 @@ async def test_vllm_bad_input_is_typed_and_the_engine_serves_on(vllm_vl, vllm_en
     gens = await asyncio.gather(*[vllm_vl.generate(ImagePrompt(chat_ids(vllm_vl.tokenizer), [f]), SamplingParams(max_tokens=2))
                                   for f in (frame(), frame("arl/Sokoban-v0"))])
     assert [g.prompt_len - len(chat_ids(vllm_vl.tokenizer)) + 1 for g in gens] == [16, 36]
+
+
+@pytest.mark.vllm
+async def test_vllm_serves_pushed_vlm_weights_as_the_trainer_has_them(vllm_vl, hf_vl):
+    """A trainer's push reaches the vision tower too: after the same new weights go into both, vLLM
+    and HF agree on an image prompt (and both differ from before)."""
+    import torch
+
+    ids = chat_ids(vllm_vl.tokenizer)
+    prompt = ImagePrompt(ids, [frame("arl/Sokoban-v0", 4)])
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    before = await vllm_vl.generate(prompt, greedy)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in hf_vl.model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+    await vllm_vl.update_weights(hf_vl.model.state_dict().items())
+    after = await vllm_vl.generate(prompt, greedy)
+    ref = await hf_vl.generate(prompt, greedy)
+    assert after.logprobs != before.logprobs
+    assert after.token_ids == ref.token_ids and np.allclose(after.logprobs, ref.logprobs, atol=1e-4)
