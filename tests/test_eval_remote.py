@@ -83,6 +83,20 @@ def test_each_mode_runs_against_a_server(capsys, tmp_path):
     assert sorted(results["step"]) == [0, 1, 2, 3]
 
 
+def test_a_push_agent_calls_the_server_itself(capsys, tmp_path):
+    """Push mode: the agent process gets the server's URL, key and --model name and calls it
+    directly; its reported steps are the rollout's turns (no replies or latency: arl sees no call)."""
+    with FakeChatServer("ok") as server:
+        code, out, err = remote(capsys, server.base_url, "--config", "tiny_frozenlake_push_gigpo", "--seeds", "0:2",
+                                "--out", str(tmp_path))
+        assert code == 0, err
+        assert server.requests >= 2 and server.models == {"fake"}
+    rows = rows_of(tmp_path)
+    assert len(rows) == 2 and not any(ev.is_error(r) for r in rows)
+    assert all(r["turns"] >= 1 and r["exit_reason"] in ("terminated", "truncated") for r in rows)
+    assert sum(r["turns"] for r in rows) == server.requests  # one reported step per call the agent made
+
+
 @pytest.mark.parametrize(("mode", "kind"), [
     ("refuse", "EndpointUnreachable"), ("hang", "EndpointTimeout"), ("garbage", "EndpointReplyError"),
     ("empty", "EndpointReplyError"), ("shape", "EndpointReplyError"), ("html", "EndpointReplyError"),

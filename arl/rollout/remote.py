@@ -338,6 +338,8 @@ class RemoteProxyEnvManager(EnvManager):
         start = time.perf_counter()
         try:
             runner = self.runner_factory(client, spec, self.config)
+            if client.model is not None and isinstance(getattr(runner, "model", None), str):
+                runner.model = client.model  # what a push-mode agent is told to ask for (ARL_MODEL)
             result = await runner.run_job(spec.seed)
         except Exception as exc:  # noqa: BLE001 -- agent code: its failure is data
             if client.failure is not None:
@@ -349,9 +351,12 @@ class RemoteProxyEnvManager(EnvManager):
         if (problem := _result_problem(result)) is not None:
             result = EpisodeResult(status="Failed", exit_reason="agent_error",
                                    error=f"the runner reported an invalid result: {problem}")
-        reports, _ = result.steps(len(client.calls))
-        for call, report in zip(client.calls, reports, strict=True):
-            info = {**(report.info if report is not None else {}), **call.info()}
+        # one turn per call seen; an agent in its own process (push mode) calls the server itself, so
+        # its turns are the steps it reports, without a reply, tokens or latency
+        calls: list[ChatReply | None] = list(client.calls) or [None] * len(result.step_scores)
+        reports, _ = result.steps(len(calls))
+        for call, report in zip(calls, reports, strict=True):
+            info = {**(report.info if report is not None else {}), **(call.info() if call is not None else {})}
             if report is not None and report.action_valid is not None:
                 info["action_valid"] = bool(report.action_valid)  # judged: counted in the valid-action rate
             traj.turns.append(Turn(
@@ -359,7 +364,7 @@ class RemoteProxyEnvManager(EnvManager):
                 response_logprobs=[], reward=report.reward if report is not None else 0.0,
                 action=report.action if report is not None else None,
                 action_valid=bool(report.action_valid) if report is not None else False,
-                finish_reason="length" if call.finish_reason == "length" else "stop", info=info))
+                finish_reason="length" if call is not None and call.finish_reason == "length" else "stop", info=info))
         ProxyEnvManager._apply_result(traj, result)
         if client.failure is not None and not traj.ok:  # the server's fault, not the agent's
             raise client.failure
