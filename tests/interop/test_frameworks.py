@@ -96,6 +96,9 @@ CASES = {
     "langgraph-astream": Case("langgraph_agent", "langgraph", "chat", True),
     "litellm-acompletion": Case("litellm_agent", "litellm", "chat", False),
     "litellm-acompletion_stream": Case("litellm_agent", "litellm", "chat", True),
+    "litellm-aresponses": Case("litellm_agent", "litellm", "responses", False, over_http=True),
+    # stream=True, but LiteLLM fakes the stream for a model missing from its model map: plain calls
+    "litellm-aresponses_stream": Case("litellm_agent", "litellm", "responses", False, over_http=True),
     "dspy-acall": Case("dspy_agent", "dspy", "chat", False, history="fresh", tools=False, over_http=True),
     "dspy-streamify": Case("dspy_agent", "dspy", "chat", True, history="fresh", tools=False, over_http=True),
     "minisweagent-run": Case("minisweagent_agent", "minisweagent", "chat", False, sync=True, over_http=True),
