@@ -8,8 +8,9 @@ entry point (mini-swe-agent has none), over both transports:
   framework finding arl through OPENAI_BASE_URL / OPENAI_API_KEY alone;
 - ``inprocess``: the same program's ``play`` in this process, given arl's httpx transport
   (`InProcessTransport`; `SyncInProcessTransport` for smolagents, run in a worker thread) the
-  framework's own way of taking a client; DSPy and mini-swe-agent, which cannot carry a client
-  object, get the HTTP proxy's address and episode key as their own settings (``over_http``).
+  framework's own way of taking a client; DSPy, mini-swe-agent and LiteLLM's Responses API, which
+  cannot carry one, get the HTTP proxy's address and episode key as their own settings
+  (``over_http``). autogen installs in the interop venv only: push mode alone.
 
 The model is arl's scripted engine answering with the tool call, then the final answer, in the
 format the framework expects. Checked per case: the framework ran the tool once and returned the
