@@ -44,7 +44,7 @@ fi
 WANT=$(printf '%s\n' "${PINS[@]}")
 
 if [ -n "$INTO" ]; then
-  if "$INTO/bin/python" -c "$CHECK" 2>/dev/null && [ -f "$INTO/.arl-interop" ] && [ "$(cat "$INTO/.arl-interop")" = "$WANT" ]; then
+  if "$INTO/bin/python" -c "$CHECK" >/dev/null 2>&1 && [ -f "$INTO/.arl-interop" ] && [ "$(cat "$INTO/.arl-interop")" = "$WANT" ]; then
     exit 0
   fi
   CONSTRAINTS=$(mktemp)
@@ -61,7 +61,7 @@ if [ -n "$INTO" ]; then
 fi
 
 CHECK="$CHECK; $CHECK_PUSH"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$VENV/bin/python" -c "$CHECK" >/dev/null 2>&1; then
   exit 0
 fi
 rm -f "$STAMP"
