@@ -15,10 +15,10 @@ weights and each Generation carries the policy version it was actually sampled w
 
 Images (a Qwen2-VL-family model: its config has a ``vision_config``): the engine loads it with
 ``AutoModelForImageTextToText`` and renders image prompts with `arl.engine.images.ImageRenderer`.
-An image request runs as a batch of its own (its ``n`` rows share the prompt, so no padding): the
-prefill gets the renderer's pixel values and the 3-D rotary positions the model's
-``get_rope_index`` computes from the expanded ids, each decode step the next position on all three
-axes; exactly what a trainer's forward over prompt + completion computes.
+Image and text requests share a batch: the prefill gets every image row's pixel values (the
+renderer's) and the 3-D rotary positions the model's ``get_rope_index`` computes from the
+left-padded expanded ids, each decode step one past the row's largest position on all three axes;
+exactly what a trainer's forward over prompt + completion computes.
 
 LoRA: `update_adapter` injects the adapter's LoRA layers into the model with peft (once; later
 pushes only copy the A and B matrices), so the engine computes base + scale * B @ A exactly as the
@@ -62,7 +62,7 @@ class _Request:
     future: asyncio.Future
     version: int = 0
     cancelled: bool = False  # set by the awaiting task; read by the batch thread to drop its rows
-    rendered: Any = None  # an image request's RenderedPrompt (arl.engine.images); runs in a batch of its own
+    rendered: Any = None  # an image request's RenderedPrompt (arl.engine.images)
 
 
 @attrs.define(eq=False)
@@ -245,9 +245,8 @@ class HFEngine(BaseEngine):
             if req.cancelled or req.future.done():
                 self._queue.popleft()
                 continue
-            if batch and (rows + req.params.n > self.max_batch_size or req.rendered is not None
-                          or batch[0].rendered is not None):
-                break  # an image request runs alone
+            if batch and rows + req.params.n > self.max_batch_size:
+                break
             batch.append(self._queue.popleft())
             rows += req.params.n
         return batch
@@ -329,15 +328,11 @@ class HFEngine(BaseEngine):
         ids, mask = ids.to(self.device), mask.to(self.device)
         # Positions count real tokens only, so padding does not shift RoPE; pads get a dummy 1.
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        images: dict[str, Any] = {}
-        rendered = batch[0].rendered
-        if rendered is not None:  # alone in its batch (_take_batch): n rows of one prompt, no padding
-            inputs = rendered.model_inputs(self.device)
-            images = {"pixel_values": inputs["pixel_values"].to(self.model.dtype).repeat(len(rows), 1),
-                      "image_grid_thw": inputs["image_grid_thw"].repeat(len(rows), 1)}
-            mm = inputs["mm_token_type_ids"].repeat(len(rows), 1)
-            positions, _ = self.model.model.get_rope_index(  # (3, rows, len): temporal, height, width
-                ids, mm_token_type_ids=mm, image_grid_thw=images["image_grid_thw"], attention_mask=mask)
+        images = self._image_inputs(rows, width)
+        if images:  # 3-D rotary positions (temporal, height, width) for every row, text rows included
+            positions, _ = self.model.model.get_rope_index(
+                ids, mm_token_type_ids=images.pop("mm_token_type_ids"), image_grid_thw=images["image_grid_thw"],
+                attention_mask=mask)
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config.get_text_config())
@@ -376,7 +371,12 @@ class HFEngine(BaseEngine):
             else:
                 next_ids = torch.tensor(tokens, device=self.device)
             ids = next_ids[:, None]
-            positions = positions[..., -1:] + 1
+            # The next token's position: one past the row's largest (an image's 3-D positions may end
+            # below the largest when the prompt ends with it), on every axis; what get_rope_index gives
+            # the trainer for text after the prompt.
+            positions = positions[:, -1:] + 1 if positions.dim() == 2 else positions.amax(dim=(0, 2), keepdim=True) + 1
+            if positions.dim() == 3:
+                positions = positions.expand(3, -1, -1)
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
         results: list[list[Generation]] = [[] for _ in batch]
         by_req = {id(req): k for k, req in enumerate(batch)}
@@ -385,6 +385,23 @@ class HFEngine(BaseEngine):
             gen = Generation(row.tokens, row.logprobs, row.finish, len(row.req.prompt))  # type: ignore[arg-type]
             results[by_req[id(row.req)]].append(gen)
         return results
+
+    def _image_inputs(self, rows: list[_Row], width: int) -> dict[str, torch.Tensor]:
+        """The prefill's pixels, grids and image-token mask for a left-padded batch ({} without images):
+        every image of every row, in row order (the order the model scatters image features in)."""
+        if all(row.req.rendered is None for row in rows):
+            return {}
+        mm = torch.zeros((len(rows), width), dtype=torch.long)
+        pixels, grids = [], []
+        for i, row in enumerate(rows):
+            rendered = row.req.rendered
+            if rendered is None:
+                continue
+            mm[i, width - len(row.req.prompt):] = torch.from_numpy(rendered.image_token_mask.astype("int64"))
+            pixels.append(torch.from_numpy(rendered.pixel_values))
+            grids.append(torch.from_numpy(rendered.image_grid_thw))
+        return {"pixel_values": torch.cat(pixels).to(self.device, self.model.dtype),
+                "image_grid_thw": torch.cat(grids).to(self.device), "mm_token_type_ids": mm.to(self.device)}
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[list[int], list[float]]:
         """Next token and its processed log-prob for each row (vLLM's sampler, one row at a time)."""

@@ -172,16 +172,26 @@ async def test_hf_expanded_ids_and_logprobs_match_the_trainer(hf_vl, renderer):
         assert np.allclose(trainer_logprobs(hf_vl.model, rendered, gen.token_ids), gen.logprobs, atol=1e-4)
 
 
-async def test_hf_serves_text_and_image_requests_together(hf_vl):
+async def test_hf_batches_text_and_image_requests_as_each_alone(hf_vl, renderer):
+    """Left-padded rows of different lengths, one to two images, text rows beside them: each row's
+    tokens and log-probs are those it gets alone and those of the trainer's forward."""
     tok = hf_vl.tokenizer
-    text_ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
-    text_ids = list(text_ids["input_ids"] if hasattr(text_ids, "keys") else text_ids)
+    text_ids = chat_ids(tok, 0, text="hi")
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    ends_with_image = [*chat_ids(tok, 0, text="Look:")[:-3], tok.convert_tokens_to_ids("<|vision_start|>"), pad]
+    prompts = [text_ids, ImagePrompt(chat_ids(tok), [frame()]), text_ids + text_ids,
+               ImagePrompt(chat_ids(tok, 2, text="Two:"), [frame("arl/Sokoban-v0", 5), frame(seed=7)]),
+               ImagePrompt(ends_with_image, [frame("arl/Sokoban-v0")])]
     greedy = SamplingParams(max_tokens=5, temperature=0)
-    alone = await hf_vl.generate(ImagePrompt(chat_ids(tok), [frame()]), greedy)
-    together = await asyncio.gather(hf_vl.generate(text_ids, greedy), hf_vl.generate(ImagePrompt(chat_ids(tok), [frame()]), greedy),
-                                    hf_vl.generate(text_ids, greedy))
-    assert together[1].token_ids == alone.token_ids and together[0].token_ids == together[2].token_ids
-    assert together[0].prompt_token_ids is None  # a token prompt ran as given
+    alone = [await hf_vl.generate(p, greedy) for p in prompts]
+    together = await asyncio.gather(*[hf_vl.generate(p, greedy) for p in prompts])
+    for a, b, p in zip(alone, together, prompts, strict=True):
+        assert a.token_ids == b.token_ids and np.allclose(a.logprobs, b.logprobs, atol=1e-4)
+        if isinstance(p, ImagePrompt):
+            rendered = renderer.render(p)
+            assert np.allclose(trainer_logprobs(hf_vl.model, rendered, b.token_ids), b.logprobs, atol=1e-4)
+        else:
+            assert b.prompt_token_ids is None  # a token prompt ran as given
 
 
 async def test_hf_bad_input_is_typed_and_the_engine_serves_on(hf_vl):
