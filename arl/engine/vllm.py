@@ -41,6 +41,7 @@ from arl.engine.base import (
     InvalidPromptError,
     LoRAAdapter,
     SamplingParams,
+    TooManyImagesError,
 )
 from arl.engine.handoff import Abort, Add, Pending, fail_queued, post, release, take_all
 from arl.engine.vllm_args import VLLMBackend, in_engine_dtype, to_generations, to_vllm_params
@@ -257,6 +258,10 @@ class VLLMEngine(VLLMBackend):
     async def _generate_images_n(self, rendered: Any, params: SamplingParams) -> list[Generation]:
         # vLLM gets the ids with one placeholder an image and expands them itself, with the renderer's
         # processor; BaseEngine.generate checks that what it ran equals the renderer's expansion.
+        if len(rendered.images) > self.max_images:
+            raise TooManyImagesError(
+                f"{len(rendered.images)} images in one prompt; this vLLM engine takes at most {self.max_images} "
+                "(start it with a larger limit_mm_per_prompt={'image': N}, e.g. engine.extra)")
         return await self._generate_n(list(rendered.prompt.token_ids), params, rendered)
 
     async def _generate_n(self, prompt: list[int], params: SamplingParams, rendered: Any = None) -> list[Generation]:

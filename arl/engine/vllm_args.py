@@ -194,8 +194,9 @@ class VLLMBackend(BaseEngine):
         from arl.engine.vllm_vision import enable_vision
 
         vision = enable_vision(model)  # a Qwen2-VL-family directory: vLLM takes its images (arl.engine.vllm_vision)
-        if vision:
+        if vision:  # vLLM sizes its encoder budget by this; more images a prompt are refused (TooManyImagesError)
             kw.setdefault("limit_mm_per_prompt", {"image": 8})
+        self.max_images = int(kw["limit_mm_per_prompt"].get("image", 0)) if vision else 0
         vllm_engine = self._start(kw)
         cfg = vllm_engine.model_config
         self._dtype = cfg.dtype  # what pushed weights are cast to

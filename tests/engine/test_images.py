@@ -238,6 +238,8 @@ async def test_vllm_bad_input_is_typed_and_the_engine_serves_on(vllm_vl, vllm_en
     ids = chat_ids(vllm_vl.tokenizer, 4)
     with pytest.raises(TooManyImagesError):
         await vllm_vl.generate(ImagePrompt(ids, [np.zeros((28 * 12, 28 * 12, 3), np.uint8)] * 4))
+    with pytest.raises(TooManyImagesError, match="at most 8"):  # vLLM's limit_mm_per_prompt, said in arl's words
+        await vllm_vl.generate(ImagePrompt(chat_ids(vllm_vl.tokenizer, 9), [np.zeros((28, 28, 3), np.uint8)] * 9))
     with pytest.raises(UnreadableImageError):
         await vllm_vl.generate(ImagePrompt(chat_ids(vllm_vl.tokenizer), ["not a url"]))
     with pytest.raises(NoVisionTowerError):  # the text-only tiny model
