@@ -473,14 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("eval", "score a model, a checkpoint or a model server on a game's validation seeds: success, "
                         "valid actions, turns")
     p.add_argument("model", metavar="MODEL|ENV|CONFIG", nargs="?",
-                   help="zoo name, local HF directory or a run checkpoint (runs/NAME/ckpt_...); with --base-url the "
+                   help="zoo name, local HF directory or a run checkpoint (runs/NAME/ckpt_...); with --base-url or --oracle the "
                         "game (arl/FrozenLake-v0) or a training config (a file or a packaged name)")
     p.add_argument("--base-url", default=None, metavar="URL",
                    help="an OpenAI-compatible server (http://HOST:PORT/v1): play against it through chat messages "
                         "instead of an in-process engine (no token ids: nothing to train on)")
     p.add_argument("--oracle", action="store_true",
                    help="play each task's gold solution instead of a model (the games' shortest solutions, BugFix's "
-                        "known fix): the panel's upper bound; the positional is ENV|CONFIG")
+                        "known fix; on slippery ice a replanned shortest path, which may slip); the positional is ENV|CONFIG")
     p.add_argument("--model", dest="model_name", default=None, metavar="NAME",
                    help="with --base-url: the model name the server serves")
     p.add_argument("--api-key-env", default=None, metavar="VAR",
