@@ -103,6 +103,8 @@ CASES = {
     "dspy-acall": Case("dspy_agent", "dspy", "chat", False, history="fresh", tools=False, over_http=True),
     "dspy-streamify": Case("dspy_agent", "dspy", "chat", True, history="fresh", tools=False, over_http=True),
     "minisweagent-run": Case("minisweagent_agent", "minisweagent", "chat", False, sync=True, over_http=True),
+    "minisweagent-run_textbased": Case("minisweagent_agent", "minisweagent", "chat", False, sync=True, tools=False,
+                                       over_http=True),
     "autogen-run": Case("autogen_agent", "autogen_agentchat", "chat", False, in_process=False),
     "autogen-run_stream": Case("autogen_agent", "autogen_agentchat", "chat", True, in_process=False),
 }
