@@ -268,3 +268,12 @@ async def test_vllm_serves_pushed_vlm_weights_as_the_trainer_has_them(vllm_vl, h
     ref = await hf_vl.generate(prompt, greedy)
     assert after.logprobs != before.logprobs
     assert after.token_ids == ref.token_ids and np.allclose(after.logprobs, ref.logprobs, atol=1e-4)
+
+
+async def test_scripted_image_tokens_from_the_config():
+    from arl.engine import make_engine
+
+    engine = make_engine(backend="scripted", model="tiny-vl", scripted={"image_tokens": 2})
+    ids = chat_ids(engine.tokenizer)
+    gen = await engine.generate(ImagePrompt(ids, [frame()]), SamplingParams(max_tokens=8))
+    assert gen.prompt_len == len(ids) + 1 and engine.image_renderer.tokens_per_image == 2
