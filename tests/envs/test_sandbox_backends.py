@@ -214,3 +214,15 @@ async def test_pull_mode_runs_in_the_container_as_under_bwrap(tiny_tokenizer):
         a, b = runs["podman"], runs["bwrap"]
         assert a.trajectory.episode_score == b.trajectory.episode_score and len(a.samples) == len(b.samples) > 0
         assert [(x.input_ids, x.response_mask) for x in a.samples] == [(y.input_ids, y.response_mask) for y in b.samples]
+
+
+def test_the_image_is_built_from_this_host_alone_and_named_by_its_content(monkeypatch):
+    from arl.sandbox import oci
+
+    first, second = oci.rootfs_tar(), oci.rootfs_tar()
+    assert first == second and oci.image_tag(first) == oci.image_tag(second)
+    assert oci.image_tag(first).startswith(oci.IMAGE_REPO + ":")
+    monkeypatch.setattr(oci.os, "geteuid", lambda: 1000)  # a rootless runtime: refused with the reason
+    monkeypatch.setattr(oci.shutil, "which", lambda name: f"/usr/bin/{name}")
+    problem, _, _ = oci._problem("podman")
+    assert problem is not None and "needs root" in problem
