@@ -24,6 +24,12 @@ and calls `resume`, which opens the gate: the carried episodes' next turns are s
 policy. Their older tokens are trained with the truncated importance weight against the behaviour
 log-probs they were sampled with (``algo.is_cap``, required).
 
+Proxy mode: an agent's model calls reach the gate through the proxy (`EnvManager.generate`), so its
+episodes carry over too. Over the http transport a call held at the gate is an HTTP request left
+open through the update: an agent client that times out sooner than an update lasts gets an error,
+and the episode's ``episode_timeout_s`` clock is not stopped there (the handler does not run in the
+episode's task context; `episode_clock_paused`).
+
 Seeds: group n (0, 1, 2, ... in launch order over the whole run) plays env seed ``base_seed + n``,
 its id ``"{tag}_{n}_{seed}"``. A checkpoint saves the next n (`state`), not the episodes in flight:
 a resumed run drops them, counted in its first step (``rollout/partial_dropped_on_resume``), and
