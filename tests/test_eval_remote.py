@@ -97,6 +97,26 @@ def test_a_push_agent_calls_the_server_itself(capsys, tmp_path):
     assert sum(r["turns"] for r in rows) == server.requests  # one reported step per call the agent made
 
 
+def test_a_pull_agent_is_answered_by_the_server(capsys, tmp_path):
+    """Pull mode: the agent's calls arrive over its pipes and are sent on to the server (recorded
+    like an in-process agent's); a server that answers garbage ends each rollout with its typed error."""
+    config = tmp_path / "pull.yaml"
+    config.write_text("base: tiny_frozenlake_push_gigpo\nrollout:\n  proxy: {runner: pull, transport: inprocess}\n")
+    with FakeChatServer("ok") as server:
+        code, out, err = remote(capsys, server.base_url, "--config", str(config), "--seeds", "0:2",
+                                "--out", str(tmp_path / "ok"))
+        assert code == 0, err
+        assert server.models == {"fake"}
+    rows = rows_of(tmp_path / "ok")
+    assert len(rows) == 2 and not any(ev.is_error(r) for r in rows)
+    assert sum(len(r["call_latency_s"]) for r in rows) == server.requests
+    assert all(reply.startswith("<answer>") for r in rows for reply in r["replies"])
+    with FakeChatServer("garbage") as server:
+        code, out, err = remote(capsys, server.base_url, "--config", str(config), "--seeds", "0:2", "--max-retries",
+                                "0", "--out", str(tmp_path / "bad"))
+    assert code == 1 and {ev.error_type(r) for r in rows_of(tmp_path / "bad")} == {"EndpointReplyError"}
+
+
 @pytest.mark.parametrize(("mode", "kind"), [
     ("refuse", "EndpointUnreachable"), ("hang", "EndpointTimeout"), ("garbage", "EndpointReplyError"),
     ("empty", "EndpointReplyError"), ("shape", "EndpointReplyError"), ("html", "EndpointReplyError"),

@@ -13,9 +13,10 @@ process the messages are rendered to token ids for the engine and the reply's to
 A traj conversation goes on with the reply text as the assistant message (the server renders it
 again), not with the sampled token ids. Proxy mode runs the configured agent (`make_runner_factory`)
 with an OpenAI client pointed at the server: in-process agents (the gym and tool runners, agent
-functions, pull mode's pulled calls) through `RecordingClient`, which times and counts each call;
-a push-mode agent gets the server's URL and key and calls it from its own process, so its calls
-are not seen here (its rows have no calls, and its score is what it reports).
+functions) and pull mode's calls, which arrive over the agent's pipes (`RecordingClient.handler`),
+go through `RecordingClient`, which times and counts each call; a push-mode agent gets the
+server's URL, key and model name and calls it from its own process, so its calls are not seen here
+(its turns are the steps it reports, without replies or latency, and its score is what it reports).
 
 What needs token ids cannot run against a server: training (exact samples and log-probs), forks
 of a state (``rollout.manager.fork``) and proxy mode's token-exact tracking; `check_remote`
@@ -301,6 +302,25 @@ class RecordingClient:
         if reply is not None:
             self.calls.append(reply)
         return completion
+
+    @property
+    def handler(self) -> Any:
+        """The pull-mode side (`arl.intercept.exchange.responder`): ``await handler(key, request)``
+        sends a `ChatRequest` an agent made over its pipes to the server, as ``create`` would."""
+        return self._handle
+
+    episode_key = "remote"
+
+    async def _handle(self, episode_key: str, request: Any) -> Any:
+        fields = {"tools": list(request.tools) if request.tools else None, "tool_choice": request.tool_choice,
+                  "response_format": request.response_format, "max_tokens": request.max_tokens,
+                  "temperature": request.temperature, "top_p": request.top_p, "seed": request.seed,
+                  "stop": list(request.stop) or None, "parallel_tool_calls": request.parallel_tool_calls}
+        kwargs = {k: v for k, v in fields.items() if v is not None}
+        if request.top_k is not None:
+            kwargs["extra_body"] = {"top_k": request.top_k}
+        # a streamed request is answered whole and streamed by the exchange, as arl's proxy does
+        return await self._create(model=request.model, messages=list(request.messages), **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
