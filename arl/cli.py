@@ -143,6 +143,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     try:  # a bad seed list, seeds file or count
         if args.concurrency < 1:
             raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
+        if not args.request_timeout > 0 or args.max_retries < 0:
+            raise ValueError(f"--request-timeout must be > 0 and --max-retries >= 0, got {args.request_timeout} "
+                             f"and {args.max_retries}")
         settings = eval_settings(args)
     except (ValueError, OSError) as exc:
         print(f"arl eval: {exc}", file=sys.stderr)

@@ -167,6 +167,10 @@ def test_what_needs_token_ids_is_refused(capsys, tmp_path):
     assert code == 2 and "--model NAME" in err
     code, out, err = eval_cli(capsys, "tiny", "--model", "x", *GAME)
     assert code == 2 and "--base-url" in err
+    for bad in (["--request-timeout", "0"], ["--max-retries", "-1"]):
+        code, out, err = eval_cli(capsys, "arl/FrozenLake-v0", "--base-url", "http://127.0.0.1:9/v1", "--model", "x",
+                                  *GAME, *bad)
+        assert code == 2 and "--request-timeout must be > 0" in err
     import yaml
 
     from arl.config import load_config, to_yaml
