@@ -4,6 +4,8 @@
                                               train: CONFIG is a YAML path or a packaged name (`arl configs`)
     arl eval MODEL [--config CONFIG] [...]    a model or checkpoint on a game's validation seeds
                                               (--seeds A:B --attempts N --out DIR: pass@k, resumable)
+    arl eval ENV|CONFIG --base-url URL --model NAME   the same against any OpenAI-compatible server
+                                              (--oracle: gold solutions; --rescore DIR: no model)
     arl demo [key=value ...]                  the README's demo (see `arl demo --help`)
     arl configs                               the packaged configs and the command that runs each
     arl view RUN_DIR|EVAL_DIR                 a run or an `arl eval --out` directory as one HTML report
