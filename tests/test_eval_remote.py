@@ -187,7 +187,7 @@ def test_killed_halfway_then_resumed_has_one_row_per_rollout(tmp_path):
     """A separate process evaluates 16 tasks x 4 attempts against a slow server, is killed once
     a third of its rows are written, and `--resume` finishes the panel."""
     out = tmp_path / "run"
-    with FakeChatServer("ok", delay_s=0.05) as server:
+    with FakeChatServer("ok", delay_s=0.1) as server:
         argv = [sys.executable, "-m", "arl.cli", "eval", "arl/FrozenLake-v0", "--base-url", server.base_url,
                 "--model", "fake", *GAME, "--seeds", "0:16", "--attempts", "4", "--concurrency", "4"]
         proc = subprocess.Popen([*argv, "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
