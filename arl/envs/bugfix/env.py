@@ -12,12 +12,17 @@ calls after it are not run). Every fault of the agent is a tool output, never an
 malformed JSON, an unknown tool or argument, a refused editor command, a command that times out
 or floods its output (shown truncated with a ``[... N characters truncated ...]`` marker).
 
-Reward: 0 per step; at ``submit()`` or at the step limit, the fraction of the task's hidden tests
-that pass after the agent's last action, judged by `arl.envs.bugfix.judge`: each test in its own
-sandboxed process of a fresh sandbox, the pass/fail decided on the host (the judged code never sees
-an expected value); a judge that cannot start raises `JudgeUnavailable` instead of scoring 0. With
-bwrap the arl package is hidden from every command, so the task generator cannot be read back. A sandbox is made at reset and closed when the episode ends (and
-at the next reset or close).
+Reward: 0 per step; at ``submit()`` or at the step limit, the env's reward spec (``reward_spec``,
+`arl.envs.reward_spec`) scores the live sandbox, by default the fraction of the task's hidden tests
+that pass after the agent's last action (`arl.envs.bugfix.judge.HiddenTestsSpec`: each test in its
+own sandboxed process of a fresh sandbox, the pass/fail decided on the host, the judged code never
+sees an expected value). A spec that cannot decide (past its timeout, a dead sandbox, a judge that
+cannot start) raises its `arl.envs.reward_spec.RewardError` instead of scoring 0, and a sandbox
+that dies mid-episode raises `SandboxDied`: the runner ends the episode as ``env_error``, masked
+from the loss. With bwrap the arl package is hidden from every command, so the task generator
+cannot be read back. A sandbox is made at reset, started at the first step, and stopped after the
+reward (`arl.envs.reward_spec.ScoredSandbox`; at the next reset or close if the episode never
+ends). The last step's ``info["final_files"]`` holds the files the tests read, for `rescore_episode`.
 
 Sync and async: gymnasium's ``step`` is synchronous and runs the sandbox commands to completion
 (in a private event loop; from inside a running loop, in a worker thread, blocking the caller).
@@ -40,11 +45,12 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from arl.envs.bugfix import editor
-from arl.envs.bugfix.judge import JudgeUnavailable, judge
+from arl.envs.bugfix.judge import HiddenTestsSpec
 from arl.envs.bugfix.tasks import BugFixTask, generate_task
+from arl.envs.reward_spec import RewardSpec, ScoredSandbox
 from arl.sandbox.backends import open_sandbox
 from arl.sandbox.hostfs import encodable, tree_digest
-from arl.sandbox.sandbox import CommandResult, Sandbox, SandboxLimits
+from arl.sandbox.sandbox import CommandResult, Sandbox, SandboxDied, SandboxLimits
 
 RUNNER = Path(__file__).with_name("run_tests.py")
 ARL_PACKAGE = Path(__file__).resolve().parents[2]  # hidden inside the sandbox: it holds the task generator
@@ -224,8 +230,11 @@ class BugFixEnv(gym.Env):
     def __init__(
         self, *, max_steps: int = 20, limits: SandboxLimits | None = None, isolation: str | None = None,
         output_chars: int = 4000, render_mode: str | None = None, allow_unhidden_tests: bool = False,
+        reward_spec: RewardSpec | None = None,
     ) -> None:
         self.max_steps = max_steps
+        # the reward (arl.envs.reward_spec); not ``spec``, which is gymnasium's EnvSpec
+        self.reward_spec = reward_spec if reward_spec is not None else HiddenTestsSpec()
         self.allow_unhidden_tests = bool(allow_unhidden_tests)  # see PULL_MODE_REFUSAL
         self.limits = limits or SandboxLimits()
         self.isolation = isolation
@@ -238,6 +247,8 @@ class BugFixEnv(gym.Env):
         self.action_space = spaces.Text(max_length=MAX_ARGUMENT_CHARS, min_length=0, charset=string.printable)
         self.task: BugFixTask | None = None
         self.sandbox: Sandbox | None = None
+        self.episode: ScoredSandbox | None = None  # the sandbox and its reward, in arl's order
+        self.started = False
         self.elapsed_steps = 0
         self.done = False
         self.last_eval: dict[str, Any] = {}
@@ -270,7 +281,8 @@ class BugFixEnv(gym.Env):
             raise HiddenTestsUnavailable(PULL_MODE_REFUSAL)
         for name, text in self.task.files.items():
             self.sandbox.write_file(name, text)
-        self.elapsed_steps, self.done, self.last_eval = 0, False, {}
+        self.episode = ScoredSandbox(self.sandbox, self.reward_spec, self.task)
+        self.elapsed_steps, self.done, self.last_eval, self.started = 0, False, {}, False
         observation = self._observation()
         return observation, {"raw_obs": self.state_text(), "task_seed": task_seed,
                              "isolation": self.sandbox.isolation}
@@ -284,6 +296,9 @@ class BugFixEnv(gym.Env):
             body = "Error: the episode is over; call reset()."
             return [{"role": "user", "content": body}], 0.0, True, False, self._info(None, False, body, 0)
         self.elapsed_steps += 1
+        if not self.started and self.episode is not None:
+            await self.episode.start()  # start -> agent -> reward -> stop (arl.envs.reward_spec.ScoredSandbox)
+            self.started = True
         message = action if isinstance(action, dict) else None
         if isinstance(action, str):  # the action space is text: an assistant message as JSON
             try:
@@ -328,22 +343,23 @@ class BugFixEnv(gym.Env):
         terminated = submitted
         truncated = not submitted and self.elapsed_steps >= self.max_steps
         reward = 0.0
+        # The state digest reads the work dir: in a worker thread, so that a flooded one (bounded
+        # by `hostfs.MAX_DIGEST_ENTRIES`) stalls no other episode on the event loop. Taken before
+        # the reward, which stops the sandbox (the judge reads the work dir and leaves it as it is).
+        raw_obs = await asyncio.to_thread(self.state_text)
+        final_files: dict[str, str] | None = None
         if terminated or truncated:
+            final_files = await asyncio.to_thread(final_sources, self.sandbox.workdir)
             reward = await self._evaluate()
             ending = (f"Episode over ({'submitted' if submitted else 'step limit'}): "
                       f"{self.last_eval['passed']}/{self.last_eval['total']} hidden tests pass.")
             unanswered.append(ending)
         if unanswered:
             replies.append({"role": "user", "content": encodable("\n".join(unanswered))})
-        # The state digest reads the work dir: in a worker thread, so that a flooded one (bounded
-        # by `hostfs.MAX_DIGEST_ENTRIES`) stalls no other episode on the event loop.
-        raw_obs = await asyncio.to_thread(self.state_text)
         info = self._info(first_action, not errors, errors[0] if errors else None,
                           len(calls) if isinstance(calls, list) else 0, raw_obs)
-        if terminated or truncated:
-            # removing a work dir the agent flooded takes seconds: in a worker thread, which
-            # finishes the removal even if this step is cancelled meanwhile
-            await asyncio.to_thread(self._close_sandbox)
+        if final_files is not None:
+            info["final_files"] = final_files  # what `rescore_episode` scores again under a changed spec
         return replies, reward, terminated, truncated, info
 
     def _info(self, action: str | None, valid: bool, error: str | None, num_calls: int,
@@ -362,7 +378,15 @@ class BugFixEnv(gym.Env):
             command = arguments.get("command")
             if set(arguments) != {"command"} or not isinstance(command, str):
                 raise _BadCall('bash takes one string argument, like {"command": "ls"}')
-            return format_result(await self.sandbox.run(command), self.output_chars)
+            result = await self.sandbox.run(command)
+            if result.status == "error" and not await self.sandbox.alive():  # the sandbox's fault, not the agent's
+                self.done = True
+                if self.episode is not None:
+                    await self.episode.abort()
+                raise SandboxDied(f"the episode's sandbox {self.sandbox!r} died mid-episode ({result.error}): the "
+                                  "episode ends without a reward; check the host's OOM and container logs, or raise "
+                                  "the sandbox's memory limit")
+            return format_result(result, self.output_chars)
         try:
             # host-side file work (up to MAX_FILE_BYTES, a bounded listing) off the event loop
             return truncate(await asyncio.to_thread(editor.edit, self.sandbox, arguments), self.output_chars)
@@ -371,18 +395,16 @@ class BugFixEnv(gym.Env):
 
     # -- evaluation --------------------------------------------------------------------------------
     async def _evaluate(self) -> float:
-        """Run the hidden tests (`arl.envs.bugfix.judge`: a sandbox of their own, results compared on
-        the host); the fraction that pass. A judge that cannot start ends the episode and raises
-        `JudgeUnavailable`: no reward is better than a silent 0."""
-        assert self.sandbox is not None and self.task is not None
-        try:
-            verdict = await judge(self.task, self.sandbox.workdir, isolation=self.sandbox.isolation)
-        except JudgeUnavailable:
-            self._close_sandbox()
-            raise
-        self.last_eval = {"passed": len(verdict.passed), "total": verdict.total,
-                          "success": len(verdict.passed) == verdict.total, "status": "ok"}
-        return verdict.score
+        """The episode's reward: ``self.reward_spec`` on the live sandbox, then the sandbox stopped
+        (`arl.envs.reward_spec.ScoredSandbox.finish`; by default the hidden tests,
+        `arl.envs.bugfix.judge.HiddenTestsSpec`). A spec that cannot decide (its timeout, a dead
+        sandbox, a judge that cannot start) ends the episode and raises its
+        `arl.envs.reward_spec.RewardError`: no reward is better than a silent 0."""
+        assert self.episode is not None
+        self.done = True
+        result = await self.episode.finish()
+        self.last_eval = {"passed": result.passed, "total": result.total, "success": result.success, "status": "ok"}
+        return float(result.score)
 
     # -- state, lifetime ---------------------------------------------------------------------------
     def state_text(self) -> str:
@@ -408,4 +430,31 @@ class BugFixEnv(gym.Env):
         self.sandbox = None
 
 
-__all__ = ["EVAL_LIMITS", "PULL_MODE_REFUSAL", "TOOLS", "BugFixEnv", "HiddenTestsUnavailable", "format_result", "truncate"]
+def final_sources(workdir: Path) -> dict[str, str]:
+    """The work dir's files the hidden tests read (`arl.envs.bugfix.judge.copy_sources`: the
+    top-level ``*.py`` files, bounded), as text: stored with the episode's last step
+    (``info["final_files"]``) so that a changed spec can score it again (`rescore_episode`)."""
+    import tempfile
+
+    from arl.envs.bugfix.judge import copy_sources
+
+    with tempfile.TemporaryDirectory(prefix="arl-final-") as into:
+        return {name: (Path(into) / name).read_bytes().decode("utf-8", "surrogateescape")
+                for name in copy_sources(workdir, Path(into))}
+
+
+async def rescore_episode(seed: int, files: dict[str, str], spec: RewardSpec | None = None, *,
+                          limits: SandboxLimits | None = None, isolation: str | None = None) -> Any:
+    """Score a stored BugFix episode again without replaying it: task ``seed``'s final ``files``
+    (`final_sources`, stored as ``info["final_files"]``) written into a fresh sandbox and scored by
+    ``spec`` (None: the current `HiddenTestsSpec`). Returns its `arl.envs.reward_spec.RewardResult`;
+    a spec that cannot decide raises its `arl.envs.reward_spec.RewardError`."""
+    from arl.envs.reward_spec import rescore_files
+
+    sandbox = open_sandbox(limits or SandboxLimits(), backend=isolation, python=True, hide=[ARL_PACKAGE])
+    data = {name: text.encode("utf-8", "surrogateescape") for name, text in files.items()}
+    return await rescore_files(spec if spec is not None else HiddenTestsSpec(), generate_task(int(seed)), data, sandbox)
+
+
+__all__ = ["EVAL_LIMITS", "PULL_MODE_REFUSAL", "TOOLS", "BugFixEnv", "HiddenTestsUnavailable", "final_sources", "format_result", "rescore_episode",
+           "truncate"]

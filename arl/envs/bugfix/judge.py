@@ -51,8 +51,9 @@ import attrs
 
 from arl.envs.bugfix import run_tests
 from arl.envs.bugfix.tasks import BugFixTask, TestCase
+from arl.envs.reward_spec import RewardResult, RewardSpec, RewardUnavailable
 from arl.sandbox.backends import open_sandbox
-from arl.sandbox.sandbox import CommandResult, SandboxLimits, SandboxUnavailable
+from arl.sandbox.sandbox import CommandResult, Sandbox, SandboxLimits, SandboxUnavailable
 
 RUNNER = Path(run_tests.__file__)
 ARL_PACKAGE = Path(__file__).resolve().parents[2]  # hidden in the judge's sandbox: it holds the task generator
@@ -61,11 +62,15 @@ MAX_FILE_BYTES = 1 << 20  # a copied module larger than this is left out (the im
 MAX_FILES = 64
 
 
-class JudgeUnavailable(RuntimeError):
-    """The hidden tests could not run (not the agent's fault): the episode has no reward."""
+SPEC_NAME = "bugfix-hidden-tests"
+
+
+class JudgeUnavailable(RewardUnavailable):
+    """The hidden tests could not run (not the agent's fault): the episode has no reward
+    (`arl.envs.reward_spec.RewardUnavailable`, so it is masked as every reward spec's failure is)."""
 
     def __init__(self, message: str, result: CommandResult | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, spec=SPEC_NAME)
         self.result = result
 
 
@@ -213,4 +218,27 @@ async def judge(
     return Verdict(frozenset(passed), len(task.cases), details)
 
 
-__all__ = ["CASE_LIMITS", "JudgeUnavailable", "Verdict", "copy_sources", "interpreter", "judge", "outcomes_of", "passes"]
+class HiddenTestsSpec(RewardSpec):
+    """The BugFix reward as a `arl.envs.reward_spec.RewardSpec`: `judge` on the live sandbox's work
+    dir, in sandboxes of the same backend; ``tests`` is each hidden test's pass/fail, ``extra`` the
+    counts and why each failed test failed. ``timeout_s`` bounds the whole judge (its cases are
+    bounded by ``case_limits`` each: 11 cases at 16 at a time take one ``wall_s`` at most, twice
+    with the re-runs, so the default leaves room for a loaded host)."""
+
+    name = SPEC_NAME
+
+    def __init__(self, *, timeout_s: float = 120.0, case_limits: SandboxLimits = CASE_LIMITS, concurrency: int = 16,
+                 cases_per_process: int = 1) -> None:
+        self.timeout_s = float(timeout_s)
+        self.case_limits = case_limits
+        self.concurrency = concurrency
+        self.cases_per_process = cases_per_process
+
+    async def score(self, sandbox: Sandbox, task: BugFixTask) -> RewardResult:
+        verdict = await judge(task, sandbox.workdir, isolation=sandbox.isolation, case_limits=self.case_limits,
+                              concurrency=self.concurrency, cases_per_process=self.cases_per_process)
+        return RewardResult(verdict.score, {case.name: case.name in verdict.passed for case in task.cases},
+                            {"passed": len(verdict.passed), "total": verdict.total, "failed": dict(verdict.details)})
+
+
+__all__ = ["CASE_LIMITS", "SPEC_NAME", "HiddenTestsSpec", "JudgeUnavailable", "Verdict", "copy_sources", "interpreter", "judge", "outcomes_of", "passes"]
