@@ -2,6 +2,7 @@
 
 The two runs (both start from the same format warm-start, `arl.integrations.verl.warm_start`):
 
+    mkdir -p /tmp/arl-verl-side-by-side
     OUT=/tmp/arl-verl-side-by-side STEPS=8 WARM_START=1 GROUPS_PER_STEP=4 GROUP=4 PYTHON=.venv-verl/bin/python \\
       bash arl/integrations/verl/examples/cpu_fit.sh trainer.save_freq=-1 trainer.experiment_name=frozenlake_side_by_side \\
       +algorithm.arl_gigpo.episode_stats=episodes +algorithm.arl_gigpo.singleton=zero \\
@@ -10,10 +11,11 @@ The two runs (both start from the same format warm-start, `arl.integrations.verl
     .venv/bin/python benchmarks/verl_side_by_side.py --verl-log /tmp/arl-verl-side-by-side/verl.log \\
       --arl-run /tmp/arl-verl-side-by-side/arl/verl_side_by_side
 
-Per step, both sides: the training episodes' success rate (verl: ``critic/score/mean``, the mean episode
-score, which on FrozenLake is the success rate when no action is invalid, so ``arl_gigpo/invalid_frac``
-is shown beside it; arl: ``rollout/success_rate``), the invalid-action fraction, and seconds per step
-(verl: ``timing_s/step``; arl: ``timing/step_s``). Writes benchmarks/results/verl-side-by-side.json and
+Per step, both sides: the training episodes' mean score (verl: ``critic/score/mean``; arl:
+``rollout/mean_episode_score``; FrozenLake scores 1 for reaching the goal, less a small penalty per
+invalid answer, so with no invalid answer it is the success rate), the invalid-answer fraction
+(``arl_gigpo/invalid_frac``, ``train/gigpo_invalid_frac``) and seconds per step (verl: ``timing_s/step``;
+arl: ``timing/step_s``). Writes benchmarks/results/verl-side-by-side.json and
 .png and prints the Markdown table.
 """
 
@@ -29,14 +31,14 @@ from arl.integrations.verl.console import step_metrics
 
 
 def verl_rows(log: Path) -> list[dict[str, float]]:
-    return [{"step": step, "success": m["critic/score/mean"], "invalid_frac": m["arl_gigpo/invalid_frac"],
+    return [{"step": step, "score": m["critic/score/mean"], "invalid_frac": m["arl_gigpo/invalid_frac"],
              "step_s": m["timing_s/step"]} for step, m in sorted(step_metrics(log.read_text()).items())]
 
 
 def arl_rows(run: Path) -> list[dict[str, float]]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [{"step": r["step"], "success": r["rollout/success_rate"], "invalid_frac": r["train/gigpo_invalid_frac"],
-             "step_s": r["timing/step_s"]} for r in rows if "rollout/success_rate" in r]
+    return [{"step": r["step"], "score": r["rollout/mean_episode_score"], "invalid_frac": r["train/gigpo_invalid_frac"],
+             "step_s": r["timing/step_s"]} for r in rows if "rollout/mean_episode_score" in r]
 
 
 def main() -> None:
@@ -57,21 +59,21 @@ def main() -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     for name, rows in (("verl's loop (main_ppo, CPU)", verl), ("arl's trainer", arl)):
-        ax1.plot([r["step"] for r in rows], [r["success"] for r in rows], marker="o", label=name)
+        ax1.plot([r["step"] for r in rows], [r["score"] for r in rows], marker="o", label=name)
         ax2.plot([r["step"] for r in rows], [r["step_s"] for r in rows], marker="o", label=name)
-    ax1.set(xlabel="step", ylabel="training success rate (16 episodes)", ylim=(-0.05, 1.05))
+    ax1.set(xlabel="step", ylabel="mean episode score (16 training episodes)", ylim=(-0.05, 1.05))
     ax2.set(xlabel="step", ylabel="seconds per step")
     ax1.legend()
     fig.tight_layout()
     fig.savefig(RESULTS_DIR / "verl-side-by-side.png", dpi=110)
 
-    print("| step | verl: success | verl: invalid | verl: s/step | arl: success | arl: invalid | arl: s/step |")
+    print("| step | verl: score | verl: invalid | verl: s/step | arl: score | arl: invalid | arl: s/step |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     by_step = {r["step"]: r for r in arl}
     for r in verl:
         a = by_step.get(r["step"], {})
-        print(f"| {r['step']} | {r['success']:.3f} | {r['invalid_frac']:.2f} | {r['step_s']:.1f} | "
-              f"{a.get('success', float('nan')):.3f} | {a.get('invalid_frac', float('nan')):.2f} | "
+        print(f"| {r['step']} | {r['score']:.3f} | {r['invalid_frac']:.2f} | {r['step_s']:.1f} | "
+              f"{a.get('score', float('nan')):.3f} | {a.get('invalid_frac', float('nan')):.2f} | "
               f"{a.get('step_s', float('nan')):.1f} |")
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
