@@ -33,7 +33,9 @@ from arl.envs.prompts import (
 from arl.envs.text import TextEnv
 from arl.envs.tools import ToolEnv
 
-_INFO_KEYS = ("action_effective", "success")  # reported per step beside the state, action and validity
+# reported per step beside the state, action and validity; "final_files": the work dir's files a
+# BugFix episode ended with (its last step), what `arl eval --rescore` scores again
+_INFO_KEYS = ("action_effective", "success", "final_files")
 
 
 class _Stop(Exception):

@@ -40,6 +40,7 @@ import yaml
 from arl.config import RolloutConfig, unstructure
 from arl.rollout.base import EnvManager, Episode, EpisodeSpec
 from arl.rollout.factory import close_manager, make_manager
+from arl.rollout.oracle import BUGFIX_ENV
 from arl.rollout.records import EXIT_REASONS
 from arl.rollout.scheduler import VAL_BASE_SEED
 
@@ -191,6 +192,8 @@ def result_row(episode: Episode, attempt: int, decode: Callable[[list[int]], str
     }
     if calls:
         row["call_latency_s"] = [info["latency_s"] for info in calls]
+    if t.turns and isinstance(t.turns[-1].info.get("final_files"), dict):  # a BugFix episode's end: rescore reads it
+        row["final_files"] = t.turns[-1].info["final_files"]
     return row
 
 
@@ -429,7 +432,10 @@ def replayable(rollout: RolloutConfig) -> str | None:
     """Why ``rollout``'s stored replies cannot be played again on its game (None: they can).
 
     The step and traj managers and proxy mode's ``gym`` runner send every reply to a `TextEnv`
-    of ``rollout.env_id`` as it is; any other agent's env is its own."""
+    of ``rollout.env_id`` as it is; any other agent's env is its own. BugFix rows are not
+    replayed but re-scored from the files they ended with (`rescore_row`), whatever the agent."""
+    if rollout.env_id == BUGFIX_ENV:
+        return None
     if rollout.mode == "proxy" and rollout.proxy.runner != "gym":
         return (f"rollout.proxy.runner={rollout.proxy.runner!r} plays its own env: its replies cannot be replayed "
                 "on the game (rescore works for the step and traj modes and the gym runner)")
@@ -470,6 +476,8 @@ def rescore_row(rollout: RolloutConfig, row: dict[str, Any]) -> dict[str, Any]:
     (an errored row, or one without stored replies, is returned as it is). The exit is the
     replay's where the row ended in the game (terminated or truncated), else the row's own
     (``max_length``: where the context ran out, which a replay cannot see)."""
+    if rollout.env_id == BUGFIX_ENV:
+        return rescore_files_row(rollout, row)
     replies = row.get("replies")
     if is_error(row) or not replies or any(r is None for r in replies):
         return row
@@ -480,6 +488,27 @@ def rescore_row(rollout: RolloutConfig, row: dict[str, Any]) -> dict[str, Any]:
     if row.get("exit_reason") in ("terminated", "truncated"):
         out["exit_reason"] = played["exit_reason"]
     return out
+
+
+def rescore_files_row(rollout: RolloutConfig, row: dict[str, Any]) -> dict[str, Any]:
+    """A BugFix ``row`` scored again by today's reward spec from the files its episode ended with
+    (``final_files``, `arl.envs.bugfix.env.rescore_episode`), no agent replayed. An errored row or
+    one without stored files is returned as it is; a spec that cannot decide makes the row an
+    ``env_error`` with the spec's error (never a 0)."""
+    from arl.envs.bugfix.env import rescore_episode
+    from arl.envs.reward_spec import RewardError
+    from arl.sandbox.backends import set_default_backend
+
+    files = row.get("final_files")
+    if is_error(row) or not isinstance(files, dict):
+        return row
+    set_default_backend(rollout.sandbox.backend)  # the backend the panel was evaluated with
+    try:
+        result = anyio.run(lambda: rescore_episode(int(row["seed"]), files))
+    except RewardError as exc:  # no score decided: an error row (counted apart), not a 0
+        return {**row, "exit_reason": "env_error", "status": "Failed", "error": f"{type(exc).__name__}: {exc}"}
+    return {**row, "score": float(result.score), "success": bool(result.success),
+            "rescored_from": {"score": row["score"], "success": row["success"]}}
 
 
 def read_settings(directory: str | Path) -> EvalSettings:
@@ -546,5 +575,5 @@ def format_report(report: EvalReport) -> str:
 __all__ = [
     "CONFIG_FILE", "RESCORED_FILE", "RESCORED_SUMMARY_FILE", "ERROR_EXITS", "RESULTS_FILE", "SUMMARY_FILE", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "error_type", "evaluate",
     "format_report", "is_error", "last_rows", "parse_seeds", "pass_at_k", "pending", "prepare_dir", "read_rows",
-    "read_seeds_file", "read_settings", "replay", "replayable", "rescore", "rescore_row", "result_row",
+    "read_seeds_file", "read_settings", "replay", "replayable", "rescore", "rescore_files_row", "rescore_row", "result_row",
 ]

@@ -224,3 +224,26 @@ def test_rescore_a_stored_episode_under_a_changed_spec():
     # the buggy files score what the buggy code scores
     buggy = asyncio.run(rescore_episode(SEED, {task.filename: task.source}))
     assert 0 < buggy.score < 1
+
+
+def test_arl_eval_rescore_scores_stored_bugfix_episodes_from_their_files(capsys, tmp_path):
+    """`arl eval tiny_bugfix_proxy --oracle --out DIR` stores each episode's final files;
+    `arl eval --rescore DIR` scores them again (no agent, no model): a row whose files are put
+    back to the buggy code loses its 1.0, the others keep it."""
+    from arl.cli import main
+    from arl.rollout import evaluate as ev
+
+    out = tmp_path / "eval"
+    assert main(["eval", "tiny_bugfix_proxy", "--oracle", "--seeds", "0:3", "--out", str(out)]) == 0
+    rows = ev.read_rows(out / ev.RESULTS_FILE)
+    assert len(rows) == 3 and all(r["score"] == 1.0 and r["final_files"] for r in rows)
+    broken = rows[0]["seed"]
+    task = generate_task(broken)
+    rows[0] = {**rows[0], "final_files": {task.filename: task.source}}
+    (out / ev.RESULTS_FILE).write_text("".join(ev.json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(["eval", "--rescore", str(out)]) == 0
+    assert "rescored 3 rollouts from the files their episodes ended with, 1 changed" in capsys.readouterr().out
+    rescored = {r["seed"]: r for r in ev.read_rows(out / ev.RESCORED_FILE)}
+    assert 0 < rescored[broken]["score"] < 1 and not rescored[broken]["success"]
+    assert all(r["score"] == 1.0 for seed, r in rescored.items() if seed != broken)
