@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The packages whose __all__ is their public API.
 PACKAGES = (
-    "arl.agents", "arl.algo", "arl.engine", "arl.envs", "arl.envs.bugfix", "arl.intercept", "arl.models",
+    "arl.agents", "arl.algo", "arl.engine", "arl.envs", "arl.envs.bugfix", "arl.envs.realbugs", "arl.intercept", "arl.models",
     "arl.plan", "arl.rollout", "arl.sandbox", "arl.train", "arl.viz",
 )
 

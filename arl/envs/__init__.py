@@ -13,6 +13,8 @@ Step limits (gymnasium TimeLimit) and why:
 Tool envs (not games: `TextEnv`/`ToolEnv` do not wrap them; `TOOL_ENV_SPECS`):
 - ``arl/BugFix-v0``: a generated bug-fix task per seed in a sandbox (`arl.envs.bugfix`), 20 turns,
   counted by the env itself (its last turn runs the hidden tests).
+- ``arl/RealBugFix-v0``: a bug put into a real PyPI package, judged by the package's own tests
+  (`arl.envs.realbugs`; built once by ``python -m arl.envs.realbugs.build``), 30 turns.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ ENV_SPECS: dict[str, tuple[str, int, dict[str, Any]]] = {
 }
 
 # id -> (entry point, turns)
-TOOL_ENV_SPECS: dict[str, tuple[str, int]] = {"arl/BugFix-v0": ("arl.envs.bugfix.env:BugFixEnv", 20)}
+TOOL_ENV_SPECS: dict[str, tuple[str, int]] = {"arl/BugFix-v0": ("arl.envs.bugfix.env:BugFixEnv", 20),
+                                               "arl/RealBugFix-v0": ("arl.envs.realbugs.env:RealBugFixEnv", 30)}
 
 
 def register_envs() -> None:

@@ -10,7 +10,8 @@ panel, and a check that every task of a task set can be solved under its step li
   the next step plans from where it landed; success is then not certain).
 - BugFix (``arl/BugFix-v0``) is played by the configured tool-calling agent (proxy mode) against
   `OracleClient`, whose k-th reply is the k-th tool call of the task's known fix
-  (`arl.envs.bugfix.solver.solution_calls`: view the module, replace the buggy line, submit).
+  (`arl.envs.bugfix.solver.solution_calls`: view the module, replace the buggy line, submit);
+  ``arl/RealBugFix-v0`` the same way (`arl.envs.realbugs.solver.realbug_calls`).
 
 Replies are recorded as a model server's are (``turn.info["reply"]``), so `rescore` and `arl view`
 read an oracle's results directory like any other.
@@ -31,6 +32,7 @@ from arl.rollout.runners import make_runner_factory
 from arl.rollout.step import StepEnvManager
 
 BUGFIX_ENV = "arl/BugFix-v0"
+REALBUGS_ENV = "arl/RealBugFix-v0"  # played like BugFix: the known fix is the mutated line put back
 
 
 def gold_reply(env: Any) -> str:
@@ -76,11 +78,18 @@ class OracleClient:
     """An OpenAI-compatible client whose k-th ``chat.completions.create`` reply is the k-th tool call
     of BugFix task ``seed``'s known fix (then ``submit`` again)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, env_id: str = BUGFIX_ENV):
         from arl.envs.bugfix.solver import solution_calls
-        from arl.envs.bugfix.tasks import generate_task
 
-        self.calls = solution_calls(generate_task(int(seed)))
+        if env_id == REALBUGS_ENV:
+            from arl.envs.realbugs.env import task_for
+            from arl.envs.realbugs.solver import realbug_calls
+
+            self.calls = realbug_calls(task_for(int(seed)))
+        else:
+            from arl.envs.bugfix.tasks import generate_task
+
+            self.calls = solution_calls(generate_task(int(seed)))
         self.made = 0
         self.chat = _Namespace(completions=_Namespace(create=self._create))
         self.base_url, self.api_key = "oracle://", "oracle"  # no server: push mode cannot use it
@@ -110,7 +119,7 @@ class OracleProxyEnvManager(RemoteProxyEnvManager):
     mode = "oracle"
 
     def client_for(self, spec: EpisodeSpec) -> Any:
-        return OracleClient(spec.seed)
+        return OracleClient(spec.seed, spec.env_id)
 
     def derive(self, config: Any = None, engine: Any = None) -> EnvManager:
         return OracleProxyEnvManager(None, config or self.config, self.runner_factory)
@@ -118,9 +127,9 @@ class OracleProxyEnvManager(RemoteProxyEnvManager):
 
 def check_oracle(rollout: RolloutConfig) -> None:
     """Refuse (ValueError) a game without a gold solution, or BugFix outside a tool-calling proxy agent."""
-    if rollout.env_id == BUGFIX_ENV:
+    if rollout.env_id in (BUGFIX_ENV, REALBUGS_ENV):
         if rollout.mode != "proxy" or rollout.proxy.runner in ("gym", "push"):
-            raise ValueError(f"--oracle plays {BUGFIX_ENV} through a tool-calling agent in process: rollout.mode "
+            raise ValueError(f"--oracle plays {rollout.env_id} through a tool-calling agent in process: rollout.mode "
                              "proxy with a tool runner (e.g. the tiny_bugfix_proxy config), not "
                              f"mode={rollout.mode!r} runner={rollout.proxy.runner!r}")
         return
@@ -130,15 +139,15 @@ def check_oracle(rollout: RolloutConfig) -> None:
     if not callable(getattr(game, "solution", None)):
         raise ValueError(f"{rollout.env_id} has no gold solution (a game's solution() method), so --oracle cannot "
                          f"play it; the games with one: arl/FrozenLake-v0, arl/Sokoban-v0 and their variants, "
-                         f"and {BUGFIX_ENV}")
+                         f"and {BUGFIX_ENV}, {REALBUGS_ENV}")
 
 
 def make_oracle_manager(rollout: RolloutConfig) -> EnvManager:
     check_oracle(rollout)
-    if rollout.env_id == BUGFIX_ENV:
+    if rollout.env_id in (BUGFIX_ENV, REALBUGS_ENV):
         return OracleProxyEnvManager(None, rollout.manager, make_runner_factory(rollout.proxy))
     return OracleEnvManager(None, rollout.manager)
 
 
-__all__ = ["BUGFIX_ENV", "OracleClient", "OracleEnvManager", "OracleProxyEnvManager", "check_oracle", "gold_reply",
+__all__ = ["BUGFIX_ENV", "REALBUGS_ENV", "OracleClient", "OracleEnvManager", "OracleProxyEnvManager", "check_oracle", "gold_reply",
            "make_oracle_manager"]

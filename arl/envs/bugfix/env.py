@@ -273,19 +273,28 @@ class BugFixEnv(gym.Env):
         super().reset(seed=seed)
         self.close()
         task_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
-        self.task = generate_task(task_seed)
+        self.task = self._load_task(task_seed)
         # the sandbox backend (arl.sandbox.backends): None is the configured one (rollout.sandbox.backend)
         self.sandbox = open_sandbox(self.limits, backend=self.isolation, python=True, hide=[ARL_PACKAGE])
         if self.sandbox.isolation == "none" and os.environ.get("ARL_TRANSPORT") == "pipe" and not self.allow_unhidden_tests:
             self.close()
             raise HiddenTestsUnavailable(PULL_MODE_REFUSAL)
-        for name, text in self.task.files.items():
-            self.sandbox.write_file(name, text)
+        self._write_task()
         self.episode = ScoredSandbox(self.sandbox, self.reward_spec, self.task)
         self.elapsed_steps, self.done, self.last_eval, self.started = 0, False, {}, False
         observation = self._observation()
         return observation, {"raw_obs": self.state_text(), "task_seed": task_seed,
                              "isolation": self.sandbox.isolation}
+
+    def _load_task(self, seed: int) -> Any:
+        """Seed's task (a subclass with other tasks overrides this and `_write_task`)."""
+        return generate_task(seed)
+
+    def _write_task(self) -> None:
+        """Put the task's files into the fresh sandbox's work dir."""
+        assert self.sandbox is not None and self.task is not None
+        for name, text in self.task.files.items():
+            self.sandbox.write_file(name, text)
 
     def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
         return _run_sync(self.astep(action))

@@ -1,0 +1,120 @@
+"""RealBugFixEnv: fix a bug put into a real PyPI package, judged by its own tests (``arl/RealBugFix-v0``).
+
+    env = gymnasium.make("arl/RealBugFix-v0").unwrapped
+    observation, info = env.reset(seed=3)    # the failing test, its message, the repository's layout
+
+`arl.envs.bugfix.env.BugFixEnv`'s interface, tools (``bash``, ``editor``, ``submit``), turn
+counting and sandbox, on other tasks: seed ``s`` is ``TASKS[s % len(TASKS)]``
+(`arl.envs.realbugs.tasks`), the unpacked sdist of a pinned package (`arl.envs.realbugs.packages`)
+with one mutated line. The agent sees the package (its sources and its tests) and the test that
+fails first on the bug with its message (recorded by the build). Reward at ``submit()`` or at
+the step limit: the share of the package's tests that pass (`arl.envs.realbugs.suite.run_suite`:
+a fresh sandbox from the pristine sdist with the agent's copies of the package's source files).
+The package is fetched on first use and each task checked on first use (both cached under
+``$ARL_HOME/realbugs``); ``python -m arl.envs.realbugs.build`` does all of it ahead of time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from typing import Any
+
+from arl.envs.bugfix.env import BugFixEnv
+from arl.envs.bugfix.judge import JudgeUnavailable
+from arl.envs.reward_spec import RewardResult, RewardSpec, RewardUnavailable
+from arl.envs.realbugs.build import package_record, task_record
+from arl.envs.realbugs.packages import PACKAGES, ensure_package, package_files
+from arl.envs.realbugs.suite import MAX_SOURCE_BYTES, run_suite
+from arl.envs.realbugs.tasks import TASKS, RealBug
+from arl.sandbox.sandbox import Sandbox, SandboxLimits
+
+AGENT_LIMITS = SandboxLimits(wall_s=60.0, cpu_s=60.0, output_bytes=1 << 20)  # a test file runs in a few seconds
+
+
+def task_for(seed: int) -> RealBug:
+    if not TASKS:
+        raise ValueError("arl/RealBugFix-v0 has no task list (arl/envs/realbugs/tasks.json is empty)")
+    return TASKS[int(seed) % len(TASKS)]
+
+
+class RealBugFixEnv(BugFixEnv):
+    """One real package with one mutated line per seed (`task_for`), judged by the package's tests."""
+
+    def __init__(self, *, max_steps: int = 30, limits: SandboxLimits | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("reward_spec", PackageTestsSpec())
+        super().__init__(max_steps=max_steps, limits=limits or AGENT_LIMITS, **kwargs)
+        self.bug: RealBug | None = None
+        self.record: dict[str, Any] = {}
+
+    @property
+    def instructions(self) -> str:
+        return (
+            "You are a software engineer fixing a bug in a real Python package (the current directory: "
+            "its sources and its own tests). Tools: `bash` runs a command (no network; "
+            "`python -m pytest -x -q TESTS` runs tests), `editor` views and edits files, `submit` ends "
+            "the episode. The reward is the share of the package's tests that pass after your last "
+            f"action. You have {self.max_steps} turns; the last one submits."
+        )
+
+    def render(self) -> str | None:
+        return self._observation() if self.render_mode == "ansi" and self.bug is not None else None
+
+    def _observation(self) -> str:
+        assert self.bug is not None
+        package = PACKAGES[self.bug.package]
+        failure = self.record.get("failure_text", "").strip()
+        failure = failure[-1500:] if failure else "(no message)"
+        return (f"Package: {package.requirement}. A test of the package fails: {self.record.get('first_failure')}\n"
+                f"{failure}\nTests: {' '.join(package.tests)}. Find and fix the bug in the package's code.")
+
+    def _load_task(self, seed: int) -> RealBug:
+        bug = task_for(seed)
+        files = package_files(ensure_package(PACKAGES[bug.package]))  # fetched once, then offline
+        self.record = task_record(bug, self.isolation)  # checked once (seconds), then cached
+        files[bug.path] = bug.apply(files[bug.path].decode()).encode()
+        self.bug, self._files = bug, files
+        return bug
+
+    def _write_task(self) -> None:
+        assert self.sandbox is not None
+        for path, data in self._files.items():
+            self.sandbox.write_file(path, data)
+
+
+class PackageTestsSpec(RewardSpec):
+    """The reward of `RealBugFixEnv`: the share of the package's own tests that pass with the
+    agent's copies of its source files (`arl.envs.realbugs.suite.run_suite`, a sandbox of its own);
+    the denominator is the pristine suite's test count from the build."""
+
+    name = "package-tests"
+    timeout_s = 600.0
+
+    async def score(self, sandbox: Sandbox, task: Any) -> RewardResult:
+        package = PACKAGES[task.package]
+        sources = {path: data for path in package.sources
+                   if (data := await asyncio.to_thread(_read_regular, sandbox.workdir / path)) is not None}
+        try:
+            result = await run_suite(package, sources, isolation=sandbox.isolation)
+        except JudgeUnavailable as exc:
+            raise RewardUnavailable(f"{exc}; check the sandbox backend", spec=self.name) from exc
+        total = (await asyncio.to_thread(package_record, task.package, sandbox.isolation))["tests"]
+        return RewardResult(result.score(total), extra={
+            "tests_passed": min(result.passed, total), "tests_total": total, "suite_status": result.status})
+
+
+def _read_regular(path: os.PathLike[str]) -> bytes | None:
+    """A regular file's bytes (never through a link, at most `MAX_SOURCE_BYTES`), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        data = f.read(MAX_SOURCE_BYTES + 1)
+    return data if len(data) <= MAX_SOURCE_BYTES else None
+
+
+__all__ = ["AGENT_LIMITS", "PackageTestsSpec", "RealBugFixEnv", "task_for"]
