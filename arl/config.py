@@ -116,6 +116,10 @@ class ForkConfig:
 AGENT_SAMPLING: tuple[str, ...] = ("override", "honour")
 
 
+# ManagerConfig.observation's choices: what a traj/step prompt shows of the game's state
+OBSERVATIONS: tuple[str, ...] = ("text", "image", "both")
+
+
 @attrs.define
 class ManagerConfig:
     """How a manager plays episodes (sampling, limits, prompt shape)."""
@@ -140,10 +144,16 @@ class ManagerConfig:
     # the anchors' system prompt (docs/reference.md §1.4).
     system_prompt: str | None = None
     fork: ForkConfig = attrs.Factory(ForkConfig)  # step mode: forked anchor groups (off by default)
+    # What a prompt shows of the game's state (traj and step modes; docs/guide.md "Image observations"):
+    # "text" the grid as text; "image" the game's RGB frame only (the text says the board is in the
+    # image); "both" the frame and the grid text. "image"/"both" need a VLM (the zoo's tiny-vl).
+    observation: str = attrs.field(default="text", validator=v.in_(OBSERVATIONS))
 
     def __attrs_post_init__(self) -> None:
         if self.system_prompt is not None and self.prompt_style != "compact":
             raise ValueError("system_prompt applies to prompt_style 'compact' only (the full style sends its own)")
+        if self.observation != "text" and self.fork.k:
+            raise ValueError(f"fork mode plays text observations only, not observation={self.observation!r}")
 
 
 # rollout.proxy's choices. transport: a function call | the HTTP proxy server; granularity: a sample per
@@ -233,6 +243,9 @@ class RolloutConfig:
     partial: PartialConfig = attrs.Factory(PartialConfig)
 
     def __attrs_post_init__(self) -> None:
+        if self.manager.observation != "text" and self.mode not in ("traj", "step"):
+            raise ValueError(f"rollout.manager.observation={self.manager.observation!r} is played by the traj and step "
+                             f"managers, not mode {self.mode!r}")
         if self.manager.fork.k and self.mode != "step":
             raise ValueError(f"rollout.manager.fork needs rollout.mode=step (a fork samples step prompts), not {self.mode!r}")
         if self.partial.enabled and (self.max_staleness > 0 or self.spare_groups > 0):

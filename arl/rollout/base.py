@@ -34,16 +34,22 @@ from arl.engine.base import (
     EngineError,
     Generation,
     InvalidPromptError,
+    NoVisionTowerError,
     PromptTooLongError,
     SampledWith,
     SamplingParams,
 )
+from arl.engine.image_prompt import ImagePrompt, RenderedPrompt
 from arl.engine.prompt import PromptView
 from arl.envs.game import anchor_key
 from arl.intercept.template import bridge_ids, chat_ids, end_of_turn_ids
 from arl.rollout.records import EpisodeSpec, Sample, Trajectory, Turn
 
+# What an observation's text says with observation: image (the grid is in the frame only)
+IMAGE_ONLY_TEXT = "(the board is the image above)"
+
 __all__ = [
+    "IMAGE_ONLY_TEXT",
     "EnvError",
     "EnvManager",
     "Episode",
@@ -131,6 +137,11 @@ class EnvManager(abc.ABC):
     def __init__(self, engine: Any, config: ManagerConfig | None = None):
         self.engine = engine
         self.config = config or ManagerConfig()
+        if self.config.observation != "text" and getattr(engine, "image_renderer", None) is None:
+            raise NoVisionTowerError(
+                f"observation={self.config.observation!r} shows the model the game's frames, but the "
+                f"{getattr(engine, 'name', type(engine).__name__)} engine's model has no vision tower (serve a VLM, "
+                "e.g. the zoo's tiny-vl)")
         if self.config.fork.k and not self.forks:  # rather than silently play unforked
             raise ValueError(f"{type(self).__name__} does not fork states: ManagerConfig.fork is played by "
                              "arl.rollout.fork.ForkEnvManager (what make_manager builds for rollout.mode=step)")
@@ -239,18 +250,60 @@ class EnvManager(abc.ABC):
             gen = gen[0]
         return gen
 
+    # -- image observations (config.observation "image" | "both"; docs/guide.md "Image observations") ---
+    @property
+    def shows_images(self) -> bool:
+        return self.config.observation != "text"
+
+    def shown(self, observation: str) -> str:
+        """The text a prompt shows for ``observation``: the grid, or with ``observation: image`` a
+        sentence that points to the image (the model learns the board from the pixels alone)."""
+        return IMAGE_ONLY_TEXT if self.config.observation == "image" else observation
+
+    def with_frame(self, message: dict[str, Any]) -> dict[str, Any]:
+        """``message`` with the game's frame first in its content (an image content part, which the
+        VLM's chat template renders as one image placeholder), when the prompts show images."""
+        if not self.shows_images:
+            return message
+        return {**message, "content": [{"type": "image"}, {"type": "text", "text": message["content"]}]}
+
+    def frame(self, traj: Trajectory, env: Any) -> Any:
+        """The game's RGB frame now (`arl.envs.render`); an env error for a game that draws none."""
+        game = getattr(env, "unwrapped", env)
+        if not callable(getattr(game, "frame", None)):
+            raise EnvError(f"{type(game).__name__} draws no frames: observation={self.config.observation!r} needs a "
+                           "game with frame() (FrozenLake, Sokoban)")
+        return self.env_call(traj, game.frame)
+
+    def render(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> RenderedPrompt:
+        """``prompt_ids`` (one placeholder per image) and ``images`` as the engine will run them: its
+        renderer's expanded ids and pixel values (what the trainer's forward gets)."""
+        return self.engine.image_renderer.render(ImagePrompt(list(prompt_ids), list(images)))
+
     async def act(
-        self, spec: EpisodeSpec, traj: Trajectory, env: Any, prompt_ids: Sequence[int], observation: str
+        self, spec: EpisodeSpec, traj: Trajectory, env: Any, prompt_ids: Sequence[int], observation: str,
+        rendered: RenderedPrompt | None = None,
     ) -> tuple[Turn, str, bool, bool]:
         """One model call on `prompt_ids` and the env step it drives.
 
         Records the Turn on `traj` (and its reward / success) and returns
         (turn, next observation, terminated, truncated). The env gets the decoded reply text;
         the Turn keeps the engine's exact tokens. A PromptView `prompt_ids` is kept as it is (no
-        copy); any other sequence is copied into the Turn's own list.
+        copy); any other sequence is copied into the Turn's own list. With ``rendered`` (a prompt
+        that shows images, `render`) the engine is sent its `ImagePrompt`, and the Turn keeps the
+        expanded ids the engine ran as ``prompt_ids`` and ``rendered`` itself.
         """
-        gen = await self.generate(traj, prompt_ids, self.sampling_params(spec, len(traj.turns)))
+        params = self.sampling_params(spec, len(traj.turns))
+        if rendered is None:
+            gen = await self.generate(traj, prompt_ids, params)
+        else:
+            gen = await self.generate(traj, rendered.prompt, params)
+            if gen.prompt_token_ids != rendered.input_ids:
+                raise InternalError(f"the engine ran {gen.prompt_len} prompt ids, not the {len(rendered.input_ids)} "
+                                    "expanded ids the manager rendered: image features and image tokens would not match")
+            prompt_ids = list(rendered.input_ids)
         turn, obs, terminated, truncated = self.take(traj, env, prompt_ids, observation, gen)
+        turn.rendered = rendered
         self.record(traj, turn)
         return turn, obs, terminated, truncated
 

@@ -73,6 +73,11 @@ class Turn:
     policy_version: int = 0
     info: dict[str, Any] = attrs.Factory(dict)
     sampled_with: SampledWith | None = None  # how response_ids were drawn (None: not recorded)
+    # A prompt that showed images (ManagerConfig.observation "image"/"both"): its
+    # `arl.engine.image_prompt.RenderedPrompt`, whose expanded ids are ``prompt_ids`` (what the engine
+    # ran) and whose pixel values the trainer's forward gets. A trajectory keeps it on its last turn only
+    # (each one holds every image of the episode so far). None: a token prompt.
+    rendered: Any = None
 
 
 @attrs.define
@@ -189,9 +194,16 @@ class Sample:
     # trajectory sample has one per turn). The trainer scores each reply's tokens at its own
     # temperature; empty: not recorded, scored at the run's configured temperature.
     sampled_with: tuple[SampledWith, ...] = attrs.field(default=(), converter=tuple)
+    # The images the sample shows: the `arl.engine.image_prompt.RenderedPrompt` of its last prompt, whose
+    # expanded ids begin ``input_ids`` and whose pixel values the engine ran; every image token of
+    # input_ids is one of its images' (a turn cut for length is no turn: its images are not here).
+    # None: a text sample.
+    rendered: Any = None
 
     def __attrs_post_init__(self) -> None:
         n = len(self.input_ids)
+        if self.rendered is not None:
+            check_images(self.input_ids, self.response_mask, self.rendered)
         if len(self.response_mask) != n or len(self.old_logprobs) != n:
             raise ValueError(
                 f"Sample fields misaligned: input_ids {n}, response_mask {len(self.response_mask)}, "
@@ -209,12 +221,12 @@ class Sample:
         cls, spec: EpisodeSpec, traj: Trajectory, row: TokenRow, *, mode: str, step_score: float,
         action_valid: bool, policy_version: int, step: int = 0, state_key: str | None = None,
         traj_id: str | None = None, episode_score: float | None = None, info: dict[str, Any] | None = None,
-        fork_id: str | None = None, fork_rewards: Sequence[float] = (), branch: bool = False,
+        fork_id: str | None = None, fork_rewards: Sequence[float] = (), branch: bool = False, rendered: Any = None,
     ) -> Sample:
         """The one way a manager makes a Sample: ``row``'s tokens, loss mask, log-probs and draws,
         credited with ``step_score``, in ``spec``'s group, env and trajectory
         (``traj_id``: another, a branch's) and ``traj``'s exit and episode score (``episode_score``:
-        another, a branch's). ``info`` holds ``mode`` and the episode's seed, tag, number of turns and
+        another, a branch's). ``rendered``: the images of its last prompt (`Sample.rendered`). ``info`` holds ``mode`` and the episode's seed, tag, number of turns and
         success, then ``info``'s own entries (which may replace them)."""
         return cls(
             input_ids=row.ids, response_mask=row.mask, old_logprobs=row.logprobs, sampled_with=row.sampled_with,
@@ -224,7 +236,7 @@ class Sample:
             action_valid=action_valid, policy_version=policy_version,
             info={"mode": mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(traj.turns),
                   "success": traj.success, **(info or {})},
-            fork_id=fork_id, fork_rewards=fork_rewards, branch=branch,
+            fork_id=fork_id, fork_rewards=fork_rewards, branch=branch, rendered=rendered,
         )
 
     @property
@@ -234,6 +246,33 @@ class Sample:
     @property
     def num_response_tokens(self) -> int:
         return sum(self.response_mask)
+
+
+def check_images(input_ids: Sequence[int], response_mask: Sequence[int], rendered: Any) -> None:
+    """`ValueError` unless ``rendered`` (a `RenderedPrompt`) is what ``input_ids`` show: its expanded ids
+    begin them, no image token lies past them (a cut turn's images are dropped with its tokens), and
+    the loss mask is on no image token.
+
+    >>> import numpy as np
+    >>> from arl.engine.image_prompt import ImagePrompt, RenderedPrompt
+    >>> r = RenderedPrompt(ImagePrompt([5, 9], [None]), (5, 9, 9), np.zeros((8, 3)), np.array([[1, 2, 4]]), (None,), 9)
+    >>> check_images([5, 9, 9, 7, 2], [0, 0, 0, 1, 0], r)
+    >>> check_images([5, 9, 9, 7, 9], [0, 0, 0, 1, 0], r)
+    Traceback (most recent call last):
+    ...
+    ValueError: 3 image tokens in the sample for 2 in its rendered images: image features and image tokens would not match
+    """
+    ids = list(input_ids)
+    expanded = list(rendered.input_ids)
+    if ids[: len(expanded)] != expanded:
+        raise ValueError("the sample's input_ids do not begin with its rendered prompt's expanded ids")
+    token = rendered.image_token_id
+    shown, have = ids.count(token), expanded.count(token)
+    if shown != have:
+        raise ValueError(f"{shown} image tokens in the sample for {have} in its rendered images: "
+                         "image features and image tokens would not match")
+    if any(m and t == token for t, m in zip(ids, response_mask, strict=True)):
+        raise ValueError("the loss mask is on an image token")
 
 
 def reply_index(response_mask: Sequence[int]) -> list[int | None]:
@@ -321,7 +360,10 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = Fa
     (`token_temperatures`, ``default_temperature`` for samples that do not record theirs) (B, L)
     tensors; token_scores (B, L) with each sample's ``step_score`` on its last response token;
     scores (each sample's ``step_score``, as step_scores), episode_scores, step_scores, steps (B,)
-    tensors; and group_ids, traj_ids, state_keys lists.
+    tensors; and group_ids, traj_ids, state_keys lists. A batch with images (`Sample.rendered`) has
+    ``pixel_values`` and ``image_grid_thw`` too, lists with each row's arrays (None for a text row),
+    and ``mm_token_type_ids`` (B, L), 1 on image tokens: what a Qwen2-VL forward takes, from which it
+    computes its 3-D rotary positions (`arl.train.update.rows_of` joins the rows it takes).
     With `mask_abnormal`, samples of abnormally ended episodes get an all-zero response_mask.
     """
     import torch
@@ -346,7 +388,9 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = Fa
         resp = [j for j, m in enumerate(s.response_mask) if m]
         token_scores[i, resp[-1] if resp else n - 1] = s.step_score
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    images = _image_inputs(samples, input_ids)
     return {
+        **images,
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "position_ids": position_ids,
@@ -362,6 +406,23 @@ def collate(samples: Sequence[Sample], pad_id: int = 0, mask_abnormal: bool = Fa
         "traj_ids": [s.traj_id for s in samples],
         "state_keys": [s.state_key for s in samples],
     }
+
+
+def _image_inputs(samples: Sequence[Sample], input_ids: Any) -> dict[str, Any]:
+    """collate's image keys ({} for a text batch): each row's pixels and grid, and the image-token mask."""
+    import torch
+
+    if all(s.rendered is None for s in samples):
+        return {}
+    mm = torch.zeros_like(input_ids)
+    for i, s in enumerate(samples):
+        if s.rendered is not None:
+            n = len(s.input_ids)
+            mm[i, :n] = input_ids[i, :n] == s.rendered.image_token_id
+    return {"pixel_values": [None if s.rendered is None else torch.from_numpy(s.rendered.pixel_values) for s in samples],
+            "image_grid_thw": [None if s.rendered is None else torch.from_numpy(s.rendered.image_grid_thw)
+                               for s in samples],
+            "mm_token_type_ids": mm}
 
 
 __getattr__ = old_names(__name__, globals(), Branch="ForkBranch")  # its old name

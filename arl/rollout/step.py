@@ -9,6 +9,10 @@ the prompt, not the history; `arl.envs.anchor_key`, set by `take`), so GiGPO can
 across the members of a group (docs/reference.md §2, §3.2); an env that is not an arl game is keyed by its
 raw observation text, and its turns say so (``info["state_key_source"] == "observation"``).
 
+With ``observation: image | both`` (`ManagerConfig.observation`) each step prompt shows one frame,
+the game's state now (the history stays text, and with ``image`` it names no grid); the sample keeps
+the prompt's `RenderedPrompt`. The state key is still the game's ``state_key()``, never the pixels.
+
 Exit reasons as in TrajEnvManager; "max_length" here means a single step prompt (which grows
 only with the history window) no longer fits.
 """
@@ -44,11 +48,12 @@ class StepEnvManager(EnvManager):
         while len(traj.turns) < limit:
             t = len(traj.turns)
             prompt = self.step_prompt(env, obs, t, history, limit)
-            if not self.fits(len(prompt)):
+            rendered = self.render(prompt, [self.frame(traj, env)]) if self.shows_images else None
+            if not self.fits(len(prompt) if rendered is None else len(rendered.input_ids)):
                 traj.exit_reason = "max_length"
                 break
             if take_turn is None:
-                turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs)
+                turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs, rendered)
             else:
                 turn, next_obs, terminated, truncated = await take_turn(env, prompt, obs, history, limit)
             self.remember(history, obs, turn)
@@ -66,13 +71,16 @@ class StepEnvManager(EnvManager):
         """The chat messages `step_prompt` renders (what a model server is sent, `arl.rollout.remote`)."""
         c = self.config
         if c.prompt_style == "compact":
-            return compact_messages(obs, limit - t, c.system_prompt)
-        return step_messages(env.instructions, obs, t, history, c.history_len, limit - t, c.max_tokens)
+            messages = compact_messages(self.shown(obs), limit - t, c.system_prompt)
+        else:
+            messages = step_messages(env.instructions, self.shown(obs), t, history, c.history_len, limit - t,
+                                     c.max_tokens)
+        return [*messages[:-1], self.with_frame(messages[-1])]
 
     def remember(self, history: list[tuple[str, str, float]], obs: str, turn: Turn) -> None:
         """Append the step ``turn`` took in ``obs`` to the history the next prompts show."""
         reply = self.tokenizer.decode(turn.response_ids, skip_special_tokens=True)
-        history.append((obs, history_action(turn.action, turn.action_valid, reply), turn.reward))
+        history.append((self.shown(obs), history_action(turn.action, turn.action_valid, reply), turn.reward))
 
     def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
         return self._build_samples(spec, traj)
@@ -86,4 +94,5 @@ class StepEnvManager(EnvManager):
         row = TokenRow.turn(turn.prompt_ids, turn.response_ids, turn.response_logprobs,
                             self.close_turn(turn.response_ids), turn.sampled_with)
         return Sample.of(spec, traj, row, mode=self.mode, step_score=turn.reward, step=step, state_key=turn.state_key,
-                         action_valid=turn.action_valid, policy_version=turn.policy_version, **differences)
+                         action_valid=turn.action_valid, policy_version=turn.policy_version, rendered=turn.rendered,
+                         **differences)

@@ -9,6 +9,12 @@ the sample's input_ids equal what the chat template renders for the whole conver
 
 Exit reasons: "terminated" (the game ended), "truncated" (the step limit: the env's TimeLimit or
 config.max_turns), "max_length" (the next prompt plus max_tokens would not fit the context).
+With ``observation: image | both`` (`ManagerConfig.observation`) each user turn shows the game's frame
+too: the prompts carry every frame of the episode so far, each expanded to its image tokens as the
+engine runs it (the turns' ``prompt_ids`` are those expanded ids), and the sample carries the last
+prompt's `RenderedPrompt` (`Sample.rendered`: the pixel values of every image in it). A user turn
+that no longer fits is no turn: its tokens and its frame are in no sample.
+
 max_length is abnormal in records.py: `collate(mask_abnormal=True)` drops such episodes from
 the loss, by default they train like any other (their score is the partial sum of rewards).
 """
@@ -34,12 +40,20 @@ class TrajEnvManager(EnvManager):
         # One append-only token list per episode; each turn keeps a PromptView of its prefix, so
         # the episode's memory grows linearly with its length, not quadratically.
         ids = chat_ids(tok, start)
+        # Image observations: `ids` holds one placeholder per image, `images` every frame of the
+        # episode so far in order; each prompt is rendered (expanded) whole, so every image is carried
+        # forward and the turns' expanded prompts still extend one another.
+        images = [self.frame(traj, env)] if self.shows_images else []
         traj.exit_reason = "truncated"  # unless the game ends first or the context runs out
         while len(traj.turns) < limit:
-            if not self.fits(len(ids)):
-                traj.exit_reason = "max_length"
+            rendered = self.render(ids, images) if images else None
+            if not self.fits(len(ids) if rendered is None else len(rendered.input_ids)):
+                traj.exit_reason = "max_length"  # the cut user turn and its frame are in no sample
                 break
-            turn, obs, terminated, truncated = await self.act(spec, traj, env, PromptView(ids), obs)
+            prompt = PromptView(ids) if rendered is None else ids
+            turn, obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs, rendered)
+            if len(traj.turns) > 1:  # the last turn's rendered prompt holds every image: one is enough
+                traj.turns[-2].rendered = None
             ids += turn.response_ids + self.close_turn(turn.response_ids)
             if terminated or truncated:
                 traj.exit_reason = "terminated" if terminated else "truncated"
@@ -47,21 +61,26 @@ class TrajEnvManager(EnvManager):
             n = len(traj.turns)
             if n < limit:  # the bridge of the next user turn
                 ids += bridge_ids(tok, [self.user_message(n, obs, limit)])
+                if self.shows_images:
+                    images.append(self.frame(traj, env))
         return self._build_samples(spec, traj)
 
     def start_messages(self, env: Any, obs: str, limit: int) -> list[dict[str, str]]:
         """The conversation's first messages (the system turn and the first observation)."""
         c = self.config
         if c.prompt_style == "compact":
-            return compact_messages(obs, limit, c.system_prompt)
-        return traj_messages_start(obs, limit, c.max_tokens, env.instructions)
+            messages = compact_messages(self.shown(obs), limit, c.system_prompt)
+        else:
+            messages = traj_messages_start(self.shown(obs), limit, c.max_tokens, env.instructions)
+        return [*messages[:-1], self.with_frame(messages[-1])]
 
     def user_message(self, n: int, obs: str, limit: int) -> dict[str, str]:
         """The user turn after ``n`` turns were played, showing ``obs``."""
         c = self.config
         if c.prompt_style == "compact":
-            return {"role": "user", "content": compact_user_message(obs, limit - n)}
-        return {"role": "user", "content": traj_user_message(n + 1, obs, limit - n, c.max_tokens)}
+            return self.with_frame({"role": "user", "content": compact_user_message(self.shown(obs), limit - n)})
+        return self.with_frame({"role": "user", "content": traj_user_message(n + 1, self.shown(obs), limit - n,
+                                                                             c.max_tokens)})
 
     def _samples_after_error(self, spec: EpisodeSpec, traj: Trajectory) -> list[Sample]:
         return self._build_samples(spec, traj)
@@ -79,7 +98,7 @@ class TrajEnvManager(EnvManager):
             row.context(self.close_turn(turn.response_ids))
         return [Sample.of(spec, traj, row, mode=self.mode, step_score=traj.episode_score,
                           action_valid=all(t.action_valid for t in traj.turns),
-                          policy_version=min(t.policy_version for t in traj.turns))]
+                          policy_version=min(t.policy_version for t in traj.turns), rendered=traj.turns[-1].rendered)]
 
 
 def _check_prefix(ids: list[int], turn: Turn) -> None:

@@ -204,16 +204,31 @@ def sequence_logprobs(model: Any, batch: dict[str, Any], indices: Any, temperatu
 
 def response_logits(model: Any, rows: dict[str, torch.Tensor], keep: torch.Tensor) -> torch.Tensor:
     """The model's logits at positions ``keep`` only, (B, K, V): the language-model head runs on
-    them alone (``logits_to_keep``, which every Hugging Face causal LM and PEFT wrapper accepts)."""
+    them alone (``logits_to_keep``, which every Hugging Face causal LM and PEFT wrapper accepts). Rows
+    with images (`rows_of`'s ``pixel_values``) go to a Qwen2-VL-family forward with the engine's pixels,
+    which computes the 3-D rotary positions from ``mm_token_type_ids`` as the engine's did."""
+    if "pixel_values" in rows:  # images: the model computes its 3-D rotary positions from mm_token_type_ids
+        return model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                     pixel_values=rows["pixel_values"], image_grid_thw=rows["image_grid_thw"],
+                     mm_token_type_ids=rows["mm_token_type_ids"], logits_to_keep=keep).logits
     return model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
                  position_ids=rows["position_ids"], logits_to_keep=keep).logits
 
 
 def rows_of(batch: dict[str, Any], idx: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    """Rows ``idx`` of the padded batch, cut to their longest real length (less padding compute)."""
+    """Rows ``idx`` of the padded batch, cut to their longest real length (less padding compute); a
+    batch with images (`arl.rollout.collate`) adds the rows' ``pixel_values`` and ``image_grid_thw``
+    joined in row order and their ``mm_token_type_ids`` where any row taken has images."""
     idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
     width = int(batch["attention_mask"][idx].sum(dim=1).max())
-    return {k: batch[k][idx, :width].to(device) for k in _ROW_KEYS if k in batch}
+    rows = {k: batch[k][idx, :width].to(device) for k in _ROW_KEYS if k in batch}
+    pixels = [batch["pixel_values"][i] for i in idx.tolist()] if "pixel_values" in batch else []
+    if any(p is not None for p in pixels):  # every image of the rows taken, in row order (the model's order)
+        rows["pixel_values"] = torch.cat([p for p in pixels if p is not None]).to(device)
+        rows["image_grid_thw"] = torch.cat([g for g in (batch["image_grid_thw"][i] for i in idx.tolist())
+                                            if g is not None]).to(device)
+        rows["mm_token_type_ids"] = batch["mm_token_type_ids"][idx, :width].to(device)
+    return rows
 
 
 __all__ = ["mismatch_tail", "policy_update", "response_logits", "rows_of", "sequence_logprobs"]
