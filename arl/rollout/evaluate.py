@@ -208,9 +208,15 @@ def error_type(row: dict[str, Any]) -> str:
     'EndpointTimeout'
     >>> error_type({"exit_reason": "timeout", "error": None})
     'timeout'
+
+    A class outside builtins is written with its module (Python's traceback text); its own name counts:
+
+    >>> error_type({"exit_reason": "env_error", "error": "arl.envs.reward_spec.RewardTimeout: past 300 s"})
+    'RewardTimeout'
     """
     head = str(row.get("error") or "").split(":", 1)[0]
-    return head if head.isidentifier() else str(row.get("exit_reason"))
+    parts = head.split(".")
+    return parts[-1] if all(part.isidentifier() for part in parts) else str(row.get("exit_reason"))
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
