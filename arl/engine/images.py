@@ -70,6 +70,19 @@ def to_pil(image: Any) -> Any:
         "or a data:image/...;base64 URL)")
 
 
+def to_data_url(image: Any) -> str:
+    """An image in any form `to_pil` reads as a ``data:image/png;base64,`` URL (lossless: the pixels
+    `to_pil` reads back are the same), for HTML views and OpenAI ``image_url`` content parts.
+
+    >>> url = to_data_url(np.full((28, 28, 3), 200, np.uint8))
+    >>> url[:22], np.asarray(to_pil(url))[0, 0].tolist()
+    ('data:image/png;base64,', [200, 200, 200])
+    """
+    buf = io.BytesIO()
+    to_pil(image).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 class ImageRenderer:
     """Owns a Qwen2-VL-family model's processor; `render` turns `ImagePrompt` into `RenderedPrompt`.
 
@@ -167,5 +180,5 @@ def fake_pixels(prompt: ImagePrompt, image_token_id: int, tokens_per_image: int 
 
 __all__ = [
     "ImagePrompt", "ImageRenderer", "NoVisionTowerError", "RenderedPrompt", "TooManyImagesError",
-    "UnreadableImageError", "check_context", "fake_pixels", "to_pil",
+    "UnreadableImageError", "check_context", "fake_pixels", "to_data_url", "to_pil",
 ]

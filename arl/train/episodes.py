@@ -4,7 +4,8 @@
 A row holds:
 
 - ``episodes``: the first ``eval.record_episodes`` validation episodes in full, turn by turn (the
-  frame the action was taken in, the model's reply, the parsed action, the reward);
+  frame the action was taken in, the model's reply, the parsed action, the reward; where the prompt
+  showed the board as a picture, ``image``: that picture as a PNG data URL, `turn_images`);
 - ``exits``: how every episode of the panel ended (``exit_reason`` -> count) and ``statuses``
   (``status`` -> count), so a rise in invalid answers or time-outs shows beside the success rate;
 - ``actions``: every validation turn's parsed action (``"(invalid)"`` for none) -> count;
@@ -52,10 +53,32 @@ def eval_record(step: int, trajectories: Sequence[Any], *, keep: int,
         "seed": t.seed, "success": bool(t.success), "score": float(t.episode_score), "status": t.status,
         "exit_reason": t.exit_reason, "error": t.error,
         "turns": [{"frame": turn.observation, "reply": decode(turn.response_ids), "action": turn.action,
-                   "valid": bool(turn.action_valid), "reward": float(turn.reward)} for turn in t.turns],
+                   "valid": bool(turn.action_valid), "reward": float(turn.reward),
+                   **({"image": image} if image is not None else {})}
+                  for turn, image in zip(t.turns, turn_images(t.turns), strict=True)],
     } for t in trajectories[:keep]]
     return {"step": step, "num_episodes": len(trajectories), "exits": dict(exits), "statuses": dict(statuses),
             "actions": dict(actions), "episodes": episodes, "states": []}
+
+
+def turn_images(turns: Sequence[Any]) -> list[str | None]:
+    """Per turn, the picture of the board its prompt showed (``observation`` image or both) as a PNG
+    data URL, None where it showed none. A turn's prompt ends with its own frame, so it is the last
+    image of the turn's rendered prompt (``Turn.rendered``); a trajectory keeps that on its last turn
+    only, holding one frame per turn in order, so turn k's is its k-th image."""
+    from arl.engine.images import to_data_url
+
+    last = next((r for r in (getattr(t, "rendered", None) for t in reversed(turns)) if r is not None), None)
+    out: list[str | None] = []
+    for k, turn in enumerate(turns):
+        rendered = getattr(turn, "rendered", None)
+        if rendered is not None and rendered.images:
+            out.append(to_data_url(rendered.images[-1]))
+        elif last is not None and len(last.images) == len(turns):
+            out.append(to_data_url(last.images[k]))
+        else:
+            out.append(None)
+    return out
 
 
 async def state_action_counts(engine: Any, prompts: Sequence[tuple[str, Sequence[int]]], *, n: int,

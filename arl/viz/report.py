@@ -64,7 +64,7 @@ table{border-collapse:collapse;font-size:12px;background:#fff}td,th{border:1px s
 .header p{margin:4px 0;font-size:13px}
 .episodes{display:flex;flex-wrap:wrap;gap:8px}.episode{background:#fff;border:1px solid #ddd;border-radius:4px;padding:4px}
 .frames{display:flex;gap:4px;flex-wrap:wrap}.frame{border:1px solid #eee;padding:2px;font-size:11px}
-.frame pre{margin:0;font-size:11px;line-height:1.1}
+.frame pre{margin:0;font-size:11px;line-height:1.1}.frame img.shown{display:block;image-rendering:pixelated;max-width:112px}
 details>summary{cursor:pointer;font-weight:600;margin:6px 0}
 """
 WIN_COLOUR, LOSS_COLOUR = "#2ca02c", "#d62728"  # the badges a browser test looks for in the screenshot
@@ -272,11 +272,20 @@ def _states_table(evals: list[dict[str, Any]]) -> str:
     return f"<table>{head}{body}</table>"
 
 
+def _frame_image(turn: dict[str, Any]) -> str:
+    """The picture the turn's prompt showed (its record's ``image``, a PNG data URL: the report stays
+    one file), drawn above its text frame; nothing for a text turn or a value that is no image URL."""
+    url = turn.get("image")
+    if not isinstance(url, str) or not url.startswith("data:image/"):
+        return ""
+    return f'<img class="shown" src="{html.escape(url)}" alt="the frame shown" title="the frame the model was shown">'
+
+
 def _episode_block(ep: dict[str, Any]) -> str:
     badge = ('<span class="win">success</span>' if ep.get("success")
              else f'<span class="loss">{html.escape(str(ep.get("exit_reason")))}</span>')
     frames = "".join(
-        f'<div class="frame"><pre>{html.escape(t["frame"])}</pre>'
+        f'<div class="frame">{_frame_image(t)}<pre>{html.escape(t["frame"])}</pre>'
         f'<div class="{"" if t.get("valid") else "bad"}" title="{html.escape(t.get("reply", ""))}">'
         f'{i + 1}: {html.escape(str(t.get("action") or "(invalid)"))} r={t.get("reward", 0):.2g}</div></div>'
         for i, t in enumerate(ep.get("turns", [])))

@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 CSS = """
 .arl-viz{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px;line-height:1.7;color:#222}
 .arl-viz .sample{border:1px solid #ccc;border-radius:6px;padding:8px;margin:8px 0;background:#fff}
@@ -31,6 +33,8 @@ CSS = """
 .arl-viz .tok.adv-neg{box-shadow:inset 0 -3px 0 #d33}
 .arl-viz .turn{display:inline-block;background:#345;color:#fff;font-size:10px;padding:0 4px;margin:0 3px;border-radius:3px}
 .arl-viz pre.frame{display:inline-block;vertical-align:top;background:#fffbe6;border:1px solid #e6d98c;padding:4px 6px;margin:2px 4px;line-height:1.2}
+.arl-viz .tok.image{display:inline-block;vertical-align:top;background:#dde7f5;padding:2px;margin:2px}
+.arl-viz .tok.image img{display:block;image-rendering:pixelated;max-width:168px}
 .arl-viz .legend span{margin-right:8px}
 """
 
@@ -92,6 +96,46 @@ def token_rows(sample: Any, tokenizer: Any = None, *, advantages: Any = None, tr
     return rows
 
 
+def image_spans(sample: Any) -> dict[int, tuple[int, int, Any]]:
+    """Where ``sample.rendered``'s images stand in ``sample.input_ids``: first position -> (its number
+    of image tokens, the image's index, the image). Empty for a text sample. The k-th image owns the
+    next ``grid_t * grid_h * grid_w / merge**2`` image tokens in order (its ``image_grid_thw`` row),
+    the rendered prompt's own count.
+
+    >>> import numpy as np
+    >>> from arl.engine.image_prompt import ImagePrompt, RenderedPrompt
+    >>> r = RenderedPrompt(ImagePrompt([5, 9, 6, 9], ["a", "b"]), (5, 9, 9, 6, 9, 9), np.zeros((16, 3)),
+    ...                    np.array([[1, 2, 4], [1, 2, 4]]), ("a", "b"), 9)
+    >>> class S: input_ids, rendered = [5, 9, 9, 6, 9, 9, 7], r
+    >>> {k: v[:2] for k, v in image_spans(S).items()}
+    {1: (2, 0), 4: (2, 1)}
+    """
+    rendered = getattr(sample, "rendered", None)
+    if rendered is None:
+        return {}
+    token = int(rendered.image_token_id)
+    patches = np.asarray(rendered.image_grid_thw).prod(axis=1)  # per image, before the merge
+    tokens = int(np.sum(np.asarray(rendered.input_ids) == token))  # after it, all images
+    merged = int(patches.sum()) // tokens if tokens else 1  # merge**2 patches per image token
+    sizes = [int(p) // merged for p in patches]
+    positions = [i for i, t in enumerate(sample.input_ids) if int(t) == token]
+    spans, at = {}, 0
+    for k, n in enumerate(sizes):
+        if at + n > len(positions):
+            break
+        spans[positions[at]] = (n, k, rendered.images[k])
+        at += n
+    return spans
+
+
+def _image_span(index: int, n: int, k: int, image: Any) -> str:
+    from arl.engine.images import to_data_url
+
+    title = f"#{index}-#{index + n - 1}: image {k} ({n} image tokens)"
+    return (f'<span class="tok image" title="{html.escape(title)}">'
+            f'<img src="{to_data_url(image)}" alt="image {k}"></span>')
+
+
 def _title(row: dict[str, Any]) -> str:
     parts = [f"#{row['index']} id={row['id']} {row['text']!r}", row["role"]]
     if row["turn"] is not None:
@@ -150,8 +194,16 @@ def sample_html(sample: Any, tokenizer: Any = None, *, advantages: Any = None, t
         frames = [sample.info["observation"]]
     frames = list(frames or [])
     parts = [_header(sample, anchor_size), '<div class="toks">']
+    images, skip = image_spans(sample), 0
     for row in token_rows(sample, tokenizer, advantages=advantages, trainer_logprobs=trainer_logprobs,
                           mask_abnormal=mask_abnormal):
+        if row["index"] in images:  # the image drawn once, in place of its image tokens
+            n, k, image = images[row["index"]]
+            parts.append(_image_span(row["index"], n, k, image))
+            skip = n
+        if skip:
+            skip -= 1
+            continue
         if row["turn_start"]:
             k = row["turn"]
             parts.append(f'<b class="turn" title="turn {k} starts">turn {sample.step + k if len(frames) <= 1 else k}</b>')
