@@ -40,6 +40,7 @@ import yaml
 from arl.config import RolloutConfig, unstructure
 from arl.rollout.base import EnvManager, Episode, EpisodeSpec
 from arl.rollout.factory import close_manager, make_manager
+from arl.rollout.metrics import error_class
 from arl.rollout.oracle import BUGFIX_ENV
 from arl.rollout.records import EXIT_REASONS
 from arl.rollout.scheduler import VAL_BASE_SEED
@@ -214,9 +215,7 @@ def error_type(row: dict[str, Any]) -> str:
     >>> error_type({"exit_reason": "env_error", "error": "arl.envs.reward_spec.RewardTimeout: past 300 s"})
     'RewardTimeout'
     """
-    head = str(row.get("error") or "").split(":", 1)[0]
-    parts = head.split(".")
-    return parts[-1] if all(part.isidentifier() for part in parts) else str(row.get("exit_reason"))
+    return error_class(row.get("error")) or str(row.get("exit_reason"))
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -65,6 +65,19 @@ def _summary(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
     })
 
 
+def error_class(text: str | None) -> str | None:
+    """The exception class an error text starts with (Python's ``"Name: message"``, a class
+    outside builtins written with its module), by its own name; None when the text names none.
+
+    >>> error_class("arl.envs.reward_spec.RewardTimeout: past its timeout of 300 s")
+    'RewardTimeout'
+    >>> error_class("EndpointTimeout: no reply in time"), error_class("no class: here"), error_class(None)
+    ('EndpointTimeout', None, None)
+    """
+    parts = str(text or "").split(":", 1)[0].split(".")
+    return parts[-1] if all(part.isidentifier() for part in parts) else None
+
+
 def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Namespaced float metrics of a batch of episodes. Empty batch: the counts, all 0, and no
     mean or rate (there is nothing to average)."""
@@ -109,6 +122,9 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     exits = Counter(tr.exit_reason for tr in trajs)
     for reason in sorted(EXIT_REASONS | set(exits)):
         out[f"rollout/exit/{reason}"] = float(exits[reason])
+    # an env that raised, by the exception's class (a reward spec's RewardTimeout, RewardSandboxDied, ...)
+    for name, n in Counter(error_class(tr.error) or "other" for tr in trajs if tr.exit_reason == "env_error").items():
+        out[f"rollout/env_error/{name}"] = float(n)
     statuses = Counter(tr.status for tr in trajs)  # likewise every runner status, zeros included
     for status in sorted(set(STATUSES) | set(statuses)):
         out[f"rollout/status/{status}"] = float(statuses[status])

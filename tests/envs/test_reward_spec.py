@@ -247,3 +247,20 @@ def test_arl_eval_rescore_scores_stored_bugfix_episodes_from_their_files(capsys,
     rescored = {r["seed"]: r for r in ev.read_rows(out / ev.RESCORED_FILE)}
     assert 0 < rescored[broken]["score"] < 1 and not rescored[broken]["success"]
     assert all(r["score"] == 1.0 for seed, r in rescored.items() if seed != broken)
+
+
+def test_the_trainer_reports_a_failed_reward_by_its_class():
+    """`rollout_metrics` (what the trainer logs) counts env errors by class: a failed spec is seen as
+    ``rollout/env_error/RewardTimeout``, not lost among other env errors, and not as a 0 reward."""
+    from arl.rollout.base import Episode
+    from arl.rollout.metrics import rollout_metrics
+    from arl.rollout.records import Trajectory
+
+    def episode(error):
+        return Episode(Trajectory("arl/BugFix-v0", "g", 0, SEED, status="Failed", exit_reason="env_error",
+                                  error=error), [])
+
+    metrics = rollout_metrics([episode("arl.envs.reward_spec.RewardTimeout: reward 'x' ran past its timeout"),
+                               episode("arl.envs.reward_spec.RewardTimeout: again"), episode("the env broke: no class named")])
+    assert metrics["rollout/env_error/RewardTimeout"] == 2.0 and metrics["rollout/env_error/other"] == 1.0
+    assert metrics["rollout/exit/env_error"] == 3.0
