@@ -264,3 +264,32 @@ def test_the_trainer_reports_a_failed_reward_by_its_class():
                                episode("arl.envs.reward_spec.RewardTimeout: again"), episode("the env broke: no class named")])
     assert metrics["rollout/env_error/RewardTimeout"] == 2.0 and metrics["rollout/env_error/other"] == 1.0
     assert metrics["rollout/exit/env_error"] == 3.0
+
+
+PODMAN = pytest.mark.skipif(backend_problem("podman") is not None,
+                            reason=f"podman unavailable here: {backend_problem('podman')}")
+
+
+@PODMAN
+def test_on_podman_the_spec_scores_and_a_removed_container_is_a_dead_sandbox():
+    import subprocess
+
+    task = generate_task(SEED)
+    env = BugFixEnv(isolation="podman")
+    env.reset(seed=SEED)
+    reward, info = play(env, solution_calls(task))
+    assert reward == 1.0 and info["success"] and env.sandbox.closed
+    # the container removed under the agent: the next command ends the episode, no reward
+    env.reset(seed=SEED)
+    env.step(assistant_message("bash", {"command": "true"}))
+    container = env.sandbox.container
+    subprocess.run(["podman", "rm", "-f", "-t", "0", container], capture_output=True, check=True)
+    with pytest.raises(SandboxDied, match="died mid-episode"):
+        env.step(assistant_message("bash", {"command": "ls"}))
+    # removed between the agent's last command and the reward: the reward is an error, not a 0
+    env.reset(seed=SEED)
+    env.step(assistant_message("bash", {"command": "true"}))
+    subprocess.run(["podman", "rm", "-f", "-t", "0", env.sandbox.container], capture_output=True, check=True)
+    with pytest.raises(RewardSandboxDied, match="gone before scoring"):
+        env.step(assistant_message("submit", {}))
+    env.close()
