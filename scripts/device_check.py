@@ -11,7 +11,9 @@ recorded, and the next phase runs), inside one overall budget (ARL_DEVICE_CHECK_
 - ``pytest-engine``: the engine contract suite that applies without vLLM (`-m "not vllm"`: the hf
   and scripted backends, bf16, LoRA on hf), on CUDA when there is one;
 - ``train-fp32`` / ``train-bf16`` / ``train-lora``: a few timed `Trainer.step()` calls of the demo's
-  config on the ``hf`` engine (fp32; ``optim.precision=bf16 engine.dtype=bfloat16``; the LoRA twin):
+  config on the ``hf`` engine (fp32; ``optim.precision=bf16 engine.dtype=bfloat16``; the LoRA twin);
+  ``train-visual``: one step of the qwen25vl3b_sokoban_gigpo_visual preset with ``model=tiny-vl``
+  (image observations, its canary's image probe included):
   setup, step, rollout, update, weight-push and evaluation seconds, the engine-trainer log-prob gap
   and importance weight, peak CUDA memory;
 - ``pytest-train``: the trainer tests that run without vLLM.
@@ -54,6 +56,7 @@ PHASES = [
     ("train-fp32", 75, 300),
     ("train-bf16", 75, 300),
     ("train-lora", 75, 300),
+    ("train-visual", 120, 600),
     ("pytest-train", 180, 600),
 ]
 # pytest selections: (paths, marker expression, -k expression or None)
@@ -71,6 +74,9 @@ VARIANTS = {
     "fp32": ("tiny_frozenlake_gigpo", []),
     "bf16": ("tiny_frozenlake_gigpo", ["optim.precision=bf16", "engine.dtype=bfloat16"]),
     "lora": ("tiny_frozenlake_gigpo_lora", []),
+    # GiGPO's visual Sokoban preset (image observations, GiGPO, KL, 15 actions) at tiny-vl's size, one step:
+    # Qwen2.5-VL-3B's weights are a hub download the offline device cannot make; replies cut to 32 tokens.
+    "visual": ("qwen25vl3b_sokoban_gigpo_visual", ["model=tiny-vl", "steps=1", "rollout.manager.max_tokens=32"]),
 }
 GEOMETRY = {  # steps, groups, episodes per group, validation levels
     "gpu": (6, 8, 8, 64),
@@ -173,7 +179,7 @@ async def _train(variant: str, out: Path) -> dict:
                    "trainer_dtype": str(next(trainer.model.parameters()).dtype).removeprefix("torch."),
                    "engine_dtype": str(next(trainer.engine.model.parameters()).dtype).removeprefix("torch.")}
         print(f"setup {setup_s:.2f} s; {devices}", flush=True)
-        for i in range(steps):
+        for i in range(config.steps):  # a variant may set its own (visual: one)
             m = await trainer.step()
             parts = {k: m[f"timing/{k}_s"] for k in STEP_KEYS if f"timing/{k}_s" in m}
             eval_s = m["timing/step_s"] - sum(parts.values()) if "eval/success_rate" in m else 0.0
@@ -191,7 +197,7 @@ async def _train(variant: str, out: Path) -> dict:
         return statistics.median(vals) if vals else None
 
     summary = {"variant": variant, "config": config_name, "overrides": overrides, "devices": devices,
-               "geometry": {"steps": steps, "num_groups": groups, "group_size": size, "eval_levels": levels},
+               "geometry": {"steps": config.steps, "num_groups": groups, "group_size": size, "eval_levels": levels},
                "setup_s": setup_s, "median_over_steps": [r["step"] for r in measured],
                **{f"{k}_s": med(f"{k}_s") for k in (*STEP_KEYS, "step")},
                "eval_s": rows[-1]["eval_s"], "logprob_gap": med("train/logprob_gap"),

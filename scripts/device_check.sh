@@ -10,7 +10,8 @@
 #    --no-build-isolation -e .` (no extras, so no vllm; --no-index, so no network), then pytest;
 # 2. scripts/device_check.py: versions (torch, CUDA, GPU), the tiny model built on the spot, the
 #    engine contract and trainer tests that run without vLLM (`-m "not vllm"`) on CUDA, and timed
-#    hf-engine training steps on CUDA in fp32, bf16 and LoRA (step / update / push seconds, the
+#    hf-engine training steps on CUDA in fp32, bf16 and LoRA, and one step of the visual preset at
+#    tiny-vl size (qwen25vl3b_sokoban_gigpo_visual, model=tiny-vl) (step / update / push seconds, the
 #    engine-trainer log-prob gap, peak CUDA memory). Every phase is time-boxed and a failed one
 #    is recorded and passed, so one hang cannot eat the budget.
 # Results: OUT/results.json, OUT/results.md (the table), OUT/device_check.log, OUT/logs/*.
