@@ -6,8 +6,8 @@ passing at submit or at the step limit (20 turns).
 """
 
 from arl.envs.bugfix.env import TOOLS, BugFixEnv
-from arl.envs.bugfix.judge import JudgeUnavailable
+from arl.envs.bugfix.judge import HiddenTestsSpec, JudgeUnavailable
 from arl.envs.bugfix.solver import assistant_message, solution_calls, solution_text
 from arl.envs.bugfix.tasks import BugFixTask, generate_task
 
-__all__ = ["TOOLS", "BugFixEnv", "BugFixTask", "JudgeUnavailable", "assistant_message", "generate_task", "solution_calls", "solution_text"]
+__all__ = ["TOOLS", "BugFixEnv", "BugFixTask", "HiddenTestsSpec", "JudgeUnavailable", "assistant_message", "generate_task", "solution_calls", "solution_text"]

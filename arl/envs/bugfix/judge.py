@@ -221,13 +221,14 @@ async def judge(
 class HiddenTestsSpec(RewardSpec):
     """The BugFix reward as a `arl.envs.reward_spec.RewardSpec`: `judge` on the live sandbox's work
     dir, in sandboxes of the same backend; ``tests`` is each hidden test's pass/fail, ``extra`` the
-    counts and why each failed test failed. ``timeout_s`` bounds the whole judge (its cases are
-    bounded by ``case_limits`` each: 11 cases at 16 at a time take one ``wall_s`` at most, twice
-    with the re-runs, so the default leaves room for a loaded host)."""
+    counts and why each failed test failed. ``timeout_s`` bounds the whole judge: its cases are
+    bounded by ``case_limits`` each, 11 cases at 16 at a time take one ``wall_s`` (10 s), and each
+    case that did not start is re-run alone (another ``wall_s`` each, 110 s if none started), so
+    the default of 300 s is only reached by a judge that could not have decided anyway."""
 
     name = SPEC_NAME
 
-    def __init__(self, *, timeout_s: float = 120.0, case_limits: SandboxLimits = CASE_LIMITS, concurrency: int = 16,
+    def __init__(self, *, timeout_s: float = 300.0, case_limits: SandboxLimits = CASE_LIMITS, concurrency: int = 16,
                  cases_per_process: int = 1) -> None:
         self.timeout_s = float(timeout_s)
         self.case_limits = case_limits
