@@ -108,3 +108,25 @@ async def test_vllm_vlm_canary_probes_an_image_and_catches_a_vision_tower_left_b
         await engine.close()
         await hf.close()
     assert np.isfinite(metrics["sync/canary_image_max_abs"])
+
+
+async def test_a_vlm_on_a_backend_without_images_keeps_the_text_probe_and_says_so(vl_path, caplog):
+    """vllm-async serves a VLM's text but refuses image prompts: the image probe turns itself off
+    (one warning), where it would stop every run on that backend at set-up."""
+    import logging
+
+    from arl.engine.base import BaseEngine
+
+    class TextOnlyBackend(HFEngine):
+        _generate_images_n = BaseEngine._generate_images_n  # the refusal every backend without images has
+
+    engine = TextOnlyBackend(vl_path, max_model_len=512)
+    caplog.set_level(logging.WARNING, logger="arl.train.canary")
+    try:
+        canary = SyncCanary(engine, engine.model, engine.tokenizer)
+        first, second = await canary.check(), await canary.check()
+    finally:
+        await engine.close()
+    assert set(first) == set(second) == {"sync/canary_max_abs", "sync/canary_mean_abs"}
+    said = [r.getMessage() for r in caplog.records if r.name == "arl.train.canary"]
+    assert len(said) == 1 and "no image probe" in said[0] and "does not take image prompts" in said[0]
