@@ -119,6 +119,15 @@ def has_vision_tower(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+def auto_model_class(model_path: str | Path) -> Any:
+    """The transformers auto class that loads the model at ``model_path``: ``AutoModelForImageTextToText``
+    for a model with a vision tower (a Qwen2-VL-family VLM), else ``AutoModelForCausalLM``. The
+    trainer's policy and the HF engine load the same class, so their parameter names agree."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if has_vision_tower(AutoConfig.from_pretrained(model_path)) else AutoModelForCausalLM
+
+
 def _processor_classes() -> dict[str, type]:
     from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
 
@@ -182,5 +191,5 @@ def load_processor(path: str | Path, tokenizer: Any = None) -> Any:
 
 __all__ = [
     "IMAGE_PAD", "IMAGE_PLACEHOLDER", "VISION_TOKENS", "VL_CHATML_TEMPLATE", "TinyVLSpec",
-    "build_tiny_vl", "has_vision_tower", "image_only_processor_class", "load_processor",
+    "auto_model_class", "build_tiny_vl", "has_vision_tower", "image_only_processor_class", "load_processor",
 ]

@@ -6,6 +6,7 @@ Layout of one checkpoint::
     ckpt_000040/
         config.json, generation_config.json, model.safetensors   (model.save_pretrained)
         tokenizer.json, tokenizer_config.json, chat_template.jinja (tokenizer.save_pretrained)
+        preprocessor_config.json                                    (a VLM's image processor)
         trainer_state.pt   {"format", "step", "optimizer", "scheduler", "rng", "extra_state"}
 
 So any checkpoint loads directly with `AutoModelForCausalLM.from_pretrained` or in vLLM, and
@@ -178,11 +179,13 @@ def save_checkpoint(
     extra_state: dict[str, Any] | None = None,
     *,
     keep: int | None = None,
+    image_processor: Any | None = None,
 ) -> Path:
     """Write ``run_dir/ckpt_{step:06d}/`` atomically and return its path.
 
     `model` is a transformers `PreTrainedModel` (anything with `save_pretrained`); `tokenizer`
-    is saved beside it so the directory is a complete HF model (None skips it). `extra_state` is
+    is saved beside it so the directory is a complete HF model (None skips it), and so is a VLM's
+    `image_processor` (its preprocessor_config.json, which the engines' image renderer reads). `extra_state` is
     any picklable dict (metrics history, the trainer's own `np.random.Generator.bit_generator.state`,
     the config as a dict) and comes back from `load_checkpoint` unchanged.
 
@@ -203,6 +206,8 @@ def save_checkpoint(
         _save_model(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        if image_processor is not None:
+            image_processor.save_pretrained(tmp)
         state = {
             "format": FORMAT_VERSION,
             "step": step,

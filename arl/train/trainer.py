@@ -126,7 +126,7 @@ class Trainer:
         self.rng = np.random.default_rng(c.seed)
         if self.engine is None:
             self.engine = make_engine(attrs.evolve(lora.engine_config(c), model=c.model))
-        from transformers import AutoModelForCausalLM
+        from arl.models.tiny_vl import auto_model_class
 
         self.tokenizer = self.engine.tokenizer
         # Before the policy loads: a rollout whose token streams the chat template does not render
@@ -136,7 +136,8 @@ class Trainer:
         # bf16 + LoRA: the frozen base in bf16, no fp32 copy (wrap() keeps the adapter fp32); else fp32
         # weights, which under bf16 are the master copy the forward autocasts (update.py).
         dtype = weights_dtype(c.optim.precision, lora=self.lora)
-        self.model = AutoModelForCausalLM.from_pretrained(resolve_model(c.model), dtype=dtype)
+        path = resolve_model(c.model)
+        self.model = auto_model_class(path).from_pretrained(path, dtype=dtype)  # a VLM with its vision tower
         if c.optim.gradient_checkpointing:  # non-reentrant: correct with frozen inputs (LoRA) too
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
@@ -486,6 +487,8 @@ class Trainer:
                          "rollout": {"manager": type(self.manager).__name__, "mode": getattr(self.manager, "mode", None),
                                      "injected": self.manager_injected}},
             keep=self.config.keep_checkpoints,
+            # a VLM's (arl.engine.images.ImageRenderer): the checkpoint is then a VLM an engine can serve
+            image_processor=getattr(getattr(self.engine, "image_renderer", None), "image_processor", None),
         )
 
     async def close(self) -> None:
