@@ -301,6 +301,9 @@ class EnvManager(abc.ABC):
             if gen.prompt_token_ids != rendered.input_ids:
                 raise InternalError(f"the engine ran {gen.prompt_len} prompt ids, not the {len(rendered.input_ids)} "
                                     "expanded ids the manager rendered: image features and image tokens would not match")
+            if rendered.image_token_id in gen.token_ids:  # a forward would take it for an image's slot
+                raise EngineError(f"the model sampled the image placeholder token (id {rendered.image_token_id}) in "
+                                  "its reply: a sample with it cannot be scored (its image tokens would not match)")
             prompt_ids = list(rendered.input_ids)
         turn, obs, terminated, truncated = self.take(traj, env, prompt_ids, observation, gen)
         turn.rendered = rendered

@@ -40,7 +40,9 @@ TOOL_CALL_ANSWER = "<tool_call>" + json.dumps({"name": TOOL_NAME, "arguments": {
 
 
 def teacher_engine(trainer: Any) -> ScriptedEngine:
-    """The scripted teacher ``config.sft.teacher`` names (random valid actions, answers or tool calls)."""
+    """The scripted teacher ``config.sft.teacher`` names (random valid actions, answers or tool calls).
+    For a VLM it renders images with the policy engine's renderer, not fake pixels, so image
+    observations warm-start on the pixels and image tokens the policy sees."""
     c = trainer.config
     kind = c.sft.teacher
     if kind == "auto":
@@ -54,8 +56,12 @@ def teacher_engine(trainer: Any) -> ScriptedEngine:
     except TypeError as e:
         raise ValueError(f"the scripted warm-start teacher plays arl games only ({e}); pass "
                          "format_warm_start(trainer, teacher=...) or set sft.steps=0") from e
-    return ScriptedEngine(trainer.tokenizer, seed=c.seed, max_model_len=trainer.engine.max_model_len,
-                          answer_format=answer, actions=actions)
+    teacher = ScriptedEngine(trainer.tokenizer, seed=c.seed, max_model_len=trainer.engine.max_model_len,
+                             answer_format=answer, actions=actions)
+    renderer = getattr(trainer.engine, "image_renderer", None)
+    if renderer is not None:  # a VLM's: the teacher's image samples carry the policy's expansion and pixels
+        teacher.image_renderer = renderer
+    return teacher
 
 
 async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = None) -> dict[str, float]:

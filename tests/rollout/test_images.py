@@ -210,3 +210,17 @@ def check_hf(sample, turns, engine) -> None:
     assert fresh.input_ids == r.input_ids and np.array_equal(fresh.pixel_values, r.pixel_values)
     assert sample.input_ids.count(pad) == int(r.image_grid_thw.prod(axis=1).sum()) // MERGE_AREA
     assert not any(m and t == pad for t, m in zip(sample.input_ids, sample.response_mask, strict=True))
+
+
+async def test_a_sampled_image_token_ends_the_episode_typed(vl_tokenizer):
+    """A reply with the image placeholder token could not be scored (the forward would look for an
+    image there): the episode ends engine_error with the reason, its earlier turns kept."""
+    from arl.engine.scripted import ScriptedEngine
+
+    replies = ["<answer>Left</answer>", "<answer>Up</answer><|image_pad|>"]
+    engine = ScriptedEngine(vl_tokenizer, image_tokens=3, max_model_len=4096, responses=replies)
+    ep = await TrajEnvManager(engine, config("both", max_turns=4)).run_episode(spec(0, "arl/Sokoban-v0"))
+    traj = ep.trajectory
+    assert traj.exit_reason == "engine_error" and "image placeholder token" in traj.error
+    assert len(traj.turns) == 1 and len(ep.samples) == 1
+    check_sample(ep.samples[0], traj.turns, vl_tokenizer)
