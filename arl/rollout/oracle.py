@@ -58,7 +58,7 @@ class OracleEnvManager(StepEnvManager):
         return None
 
     async def act(self, spec: EpisodeSpec, traj: Trajectory, env: Any, prompt_ids: Any,
-                  observation: str) -> tuple[Turn, str, bool, bool]:
+                  observation: str, rendered: Any = None) -> tuple[Turn, str, bool, bool]:
         text = self.env_call(traj, gold_reply, env)
         turn, obs, terminated, truncated = self.take(traj, env, [], observation, Generation([], [], "stop", 0),
                                                      text=text)

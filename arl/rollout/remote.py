@@ -219,7 +219,7 @@ class _RemoteCalls(EnvManager):
     """A manager whose model is a `ChatEndpoint` (``self.engine``): messages in, text out."""
 
     async def act(self, spec: EpisodeSpec, traj: Trajectory, env: Any, prompt_ids: Any,
-                  observation: str) -> tuple[Turn, str, bool, bool]:
+                  observation: str, rendered: Any = None) -> tuple[Turn, str, bool, bool]:
         """`EnvManager.act` with chat messages (``prompt_ids`` here) sent to the endpoint."""
         c = self.config
         start = time.perf_counter()
