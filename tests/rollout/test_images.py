@@ -224,3 +224,33 @@ async def test_a_sampled_image_token_ends_the_episode_typed(vl_tokenizer):
     assert traj.exit_reason == "engine_error" and "image placeholder token" in traj.error
     assert len(traj.turns) == 1 and len(ep.samples) == 1
     check_sample(ep.samples[0], traj.turns, vl_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def vllm_vl(vl_path):
+    from arl.engine.vllm import VLLMEngine
+
+    engine = VLLMEngine(vl_path, max_model_len=1024, kv_cache_memory_bytes=64 * 2**20)
+    yield engine
+    asyncio.run(engine.close())
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["traj", "step"])
+async def test_vllm_samples_are_what_the_trainer_scores(vllm_vl, hf_vl, mode):
+    """vLLM plays the episodes; the HF trainer-side forward (same weights) scores each sample's
+    response tokens as vLLM did, from the sample's own ids and pixels."""
+    from arl.train.update import sequence_logprobs
+
+    manager = (TrajEnvManager if mode == "traj" else StepEnvManager)(vllm_vl, config("both", max_turns=3))
+    episodes = [await manager.run_episode(spec(s)) for s in (0, 1)]
+    assert all(ep.trajectory.ok for ep in episodes), [ep.trajectory.error for ep in episodes]
+    samples = [s for ep in episodes for s in ep.samples]
+    for ep in episodes:
+        for s in ep.samples:
+            check_hf(s, ep.trajectory.turns if mode == "traj" else [ep.trajectory.turns[s.step]], vllm_vl)
+    batch = collate(samples, pad_id=vllm_vl.tokenizer.pad_token_id or 0)
+    with torch.no_grad():
+        lp = sequence_logprobs(hf_vl.model, batch, range(len(samples)), None, micro_batch_size=4)
+    on = batch["response_mask"].bool()
+    assert (lp[on] - batch["logprobs"][on]).abs().max().item() < 1e-3
