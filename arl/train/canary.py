@@ -284,6 +284,13 @@ class SyncCanary:
             return None
         if isinstance(prompt, ImagePrompt):
             assert self.rendered is not None  # the engine ran its renderer's ids (BaseEngine.generate checks)
+            # A greedy reply may hold the image placeholder itself (a young VLM's vocabulary has it): the
+            # trainer's forward would take it for an image slot with no features ("image features and image
+            # tokens do not match") and the run would die of its own probe. Compare the reply up to it.
+            cut = next((k for k, t in enumerate(tokens) if t == self.rendered.image_token_id), len(tokens))
+            tokens, engine_lps = tokens[:cut], engine_lps[:cut]
+            if not tokens:
+                return None  # nothing comparable this sync: the image metrics are absent, not 0
             ours = await asyncio.to_thread(image_trainer_logprobs, self.model, self.rendered, tokens, self.precision)
         else:
             ours = await asyncio.to_thread(trainer_logprobs, self.model, prompt, tokens, self.precision)

@@ -130,3 +130,44 @@ async def test_a_vlm_on_a_backend_without_images_keeps_the_text_probe_and_says_s
     assert set(first) == set(second) == {"sync/canary_max_abs", "sync/canary_mean_abs"}
     said = [r.getMessage() for r in caplog.records if r.name == "arl.train.canary"]
     assert len(said) == 1 and "no image probe" in said[0] and "does not take image prompts" in said[0]
+
+
+class _ReplyWithPlaceholder:
+    """An engine whose image-probe reply holds the image placeholder at ``at`` (a young VLM's greedy
+    reply can: the token is in its vocabulary); everything else is the wrapped engine's."""
+
+    def __init__(self, engine, at: int) -> None:
+        self._engine, self.at = engine, at
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    async def generate(self, prompt, params):
+        import attrs
+
+        from arl.engine.image_prompt import ImagePrompt
+
+        gen = await self._engine.generate(prompt, params)
+        if not isinstance(prompt, ImagePrompt):
+            return gen
+        ids = list(gen.token_ids)
+        ids[self.at] = self._engine.image_renderer.image_token_id
+        return attrs.evolve(gen, token_ids=ids)
+
+
+@pytest.mark.parametrize("at", [0, 2])
+async def test_an_image_placeholder_in_the_probe_reply_is_not_scored_as_an_image_slot(vl_path, at):
+    engine = HFEngine(vl_path, max_model_len=512)
+    try:
+        trainer = copy.deepcopy(engine.model)
+        canary = SyncCanary(_ReplyWithPlaceholder(engine, at), trainer, engine.tokenizer)
+        assert canary.image_prompt is not None
+        metrics = await canary.check("same weights", "step 1")  # used to die: image features and tokens do not match
+        assert metrics["sync/canary_max_abs"] < 1e-3
+        if at == 0:  # nothing before the placeholder to compare: the image metrics are absent, not 0
+            assert "sync/canary_image_max_abs" not in metrics
+        else:
+            assert metrics["sync/canary_image_max_abs"] < 1e-3
+        assert not canary.skip  # the canary stays on
+    finally:
+        await engine.close()
