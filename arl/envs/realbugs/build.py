@@ -29,16 +29,19 @@ from typing import Any
 import attrs
 
 from arl.envs.realbugs.packages import PACKAGES, cache_dir, ensure_package
-from arl.envs.realbugs.suite import run_suite
+from arl.envs.realbugs.suite import SUITE_LIMITS, run_suite
 from arl.envs.realbugs.tasks import STRIDES, TASKS, TASKS_FILE, RealBug, candidates
+
+
+CHECK_LIMITS = attrs.evolve(SUITE_LIMITS, wall_s=60.0)
 
 
 def _cached(name: str, key: Any, make: Any) -> dict[str, Any]:
     """The record ``make()`` gave for ``key``, cached under ``$ARL_HOME/realbugs/verified``."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / "verified" / f"{name}-{digest}.json"
-    if path.exists():
-        return json.loads(path.read_text())
+    for done in sorted(path.parent.glob(f"*-{digest}.json")):  # the digest names the check; the name is for people
+        return json.loads(done.read_text())
     record = make()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")  # episodes checking the same task at once
@@ -57,6 +60,10 @@ def task_record(task: RealBug, isolation: str | None = None) -> dict[str, Any]:
     """``task``'s check (`check_task`; run once, then cached): ``caught``, ``first_failure``, ..."""
     return _cached(task.name.replace("/", "_").replace(":", "_"), [attrs.asdict(task), PACKAGES[task.package].sha256],
                    lambda: _run(check_task(task, isolation)))
+
+
+async def _gather(*coroutines: Any) -> list[Any]:
+    return list(await asyncio.gather(*coroutines))
 
 
 def _run(coroutine: Any) -> Any:
@@ -81,14 +88,17 @@ async def check_task(task: RealBug, isolation: str | None) -> dict[str, Any]:
     buggy = task.apply(pristine)
     if buggy.replace(task.buggy, task.original, 1) != pristine or buggy.count(task.buggy) != 1:
         raise RuntimeError(f"{task.name}: its fix does not give the pristine file back")
-    result = await run_suite(package, {task.path: buggy.encode()}, isolation=isolation, stop_first=True)
+    result = await run_suite(package, {task.path: buggy.encode()}, isolation=isolation, stop_first=True,
+                             limits=CHECK_LIMITS)  # a mutant that hangs is dropped after a minute
     return {"caught": result.failed > 0 and result.status == "ok", "status": result.status,
             "first_failure": result.first_failure, "failure_text": result.failure_text[-3000:]}
 
 
-def build(isolation: str | None = None, *, select: bool = False, log: Any = None) -> dict[str, Any]:
+def build(isolation: str | None = None, *, select: bool = False, limit: int | None = None, jobs: int = 1,
+          log: Any = None) -> dict[str, Any]:
     """Fetch the sdists, check every package and every task (cached); with ``select``, re-pick
-    the task list from the candidates and write it (``tasks.json``) as it goes."""
+    the task list from the first ``limit`` candidates (all: None) and write it (``tasks.json``)
+    as it goes. ``jobs``: checks run at once (each a sandboxed pytest run)."""
     say = log or (lambda text: None)
     packages = {}
     for name, package in PACKAGES.items():
@@ -99,29 +109,37 @@ def build(isolation: str | None = None, *, select: bool = False, log: Any = None
     if select:  # the packages' candidates interleaved, so a build stopped early still spans them all
         lists = [candidates(name, path, (ensure_package(package) / path).read_text())[::STRIDES[name]]
                  for name, package in PACKAGES.items() for path in package.sources]
-        tasks = tuple(bug for row in itertools.zip_longest(*lists) for bug in row if bug is not None)
+        tasks = tuple(bug for row in itertools.zip_longest(*lists) for bug in row if bug is not None)[:limit]
     results: dict[str, Any] = {}
-    for i, task in enumerate(tasks):
-        results[task.name] = row = task_record(task, isolation)
-        say(f"[{i + 1}/{len(tasks)}] {task.name} {task.kind}: "
+    gate = asyncio.Semaphore(max(1, jobs))
+
+    async def one(task: RealBug) -> None:
+        async with gate:
+            row = await asyncio.to_thread(task_record, task, isolation)
+        results[task.name] = row
+        say(f"[{len(results)}/{len(tasks)}] {task.name} {task.kind}: "
             f"{'caught by ' + str(row['first_failure']) if row['caught'] else 'NOT caught'}")
         if select:  # kept as it goes: the list so far is usable if the build is stopped
-            _write([t for t in tasks[:i + 1] if results[t.name]["caught"]])
+            _write([t for t in tasks if t.name in results and results[t.name]["caught"]], limit)
+
+    _run(_gather(*(one(task) for task in tasks)))
     if not select and (missed := [name for name, row in results.items() if not row["caught"]]):
         raise RuntimeError(f"tasks no longer caught by their package's tests: {missed}")
     return {"packages": packages, "tasks": {name: row for name, row in results.items() if row["caught"]}}
 
 
-def _write(kept: list[RealBug]) -> None:
-    TASKS_FILE.write_text(json.dumps({"strides": STRIDES, "tasks": [attrs.asdict(t) for t in kept]}, indent=1) + "\n")
+def _write(kept: list[RealBug], limit: int | None) -> None:
+    TASKS_FILE.write_text(json.dumps({"strides": STRIDES, "limit": limit, "tasks": [attrs.asdict(t) for t in kept]}, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m arl.envs.realbugs.build", description=__doc__.split("\n\n")[0])
     parser.add_argument("--isolation", default=None, help="sandbox backend (default: the configured one)")
     parser.add_argument("--select", action="store_true", help="re-pick the task list (rewrites tasks.json)")
+    parser.add_argument("--jobs", type=int, default=1, help="checks at once (default 1)")
+    parser.add_argument("--limit", type=int, default=None, help="with --select: the first N candidates only")
     args = parser.parse_args(argv)
-    record = build(args.isolation, select=args.select, log=lambda text: print(text, flush=True))
+    record = build(args.isolation, select=args.select, limit=args.limit, jobs=args.jobs, log=lambda text: print(text, flush=True))
     print(f"{len(record['tasks'])} tasks verified over {len(record['packages'])} packages -> {cache_dir() / 'verified'}")
     return 0
 

@@ -8,7 +8,8 @@ real bugs have: a comparison flipped or made (non-)strict (``<`` / ``<=``, ``==`
 operator swapped (``+`` / ``-``, ``and`` / ``or``), an off-by-one constant (``0``, ``1``, ``2``
 plus one), a boolean constant negated. Only lines that stay unique in their file are kept, so the
 known fix is one ``str_replace`` of the buggy line with the original. The build
-(`arl.envs.realbugs.build`) took every n-th candidate of each source file (`STRIDES`) and kept the
+(`arl.envs.realbugs.build --select`) took every n-th candidate of each source file (`STRIDES`),
+interleaved file by file (the first ``limit`` of them, as ``tasks.json`` records) and kept the
 mutations the package's own tests catch; the kept list is `TASKS` (``tasks.json`` beside this
 module: data, checked in). Each task's check, re-run by the build and cached: the pristine suite
 passes in full (the oracle: reverting the mutation gives the pristine file back, byte for byte)
@@ -68,7 +69,7 @@ class RealBug:
 
 def candidates(package: str, path: str, text: str) -> list[RealBug]:
     """Every one-token mutation of ``text`` in `SWAPS` whose buggy line occurs once in the buggy
-    file (the known fix is then one unambiguous ``str_replace``).
+    file, as a substring too (the known fix is then one unambiguous ``str_replace``).
 
     >>> [(b.line, b.buggy.strip(), b.kind) for b in candidates("p", "m.py", "def f(a):\\n    return a < 1\\n")]
     [(2, 'return a <= 1', 'comparison'), (2, 'return a < 2', 'off by one')]
@@ -84,7 +85,8 @@ def candidates(package: str, path: str, text: str) -> list[RealBug]:
         line = lines[row - 1]
         new, kind = SWAPS[token.string]
         buggy = line[:col] + new + line[token.end[1]:]
-        if sum(candidate == buggy for candidate in lines) + (line == buggy) != 0 or lines.count(line) != 1:
+        # unique as text (str_replace matches substrings: "    if n:" is inside "        if n:")
+        if any(buggy in other for other in lines) or sum(line in other for other in lines) != 1:
             continue
         found.append(RealBug(package, path, row, line, buggy, kind))
     return found

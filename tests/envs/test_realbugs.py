@@ -1,0 +1,107 @@
+"""arl/RealBugFix-v0: real packages' sdists, bugs their own tests catch, the known fix scoring 1.
+
+The pinned sdists are fetched from PyPI on first use (as `make test` does on a fresh clone) into
+``$ARL_HOME/realbugs``. The fast tests check the task list against the pristine sources and one
+task's verification; the slow ones re-verify every task and play episodes (the whole suite of a
+package per episode).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import gymnasium as gym
+import pytest
+
+import arl  # noqa: F401 -- registers the arl/ ids
+from arl.envs.bugfix.solver import assistant_message
+from arl.envs.realbugs.build import check_task, task_record
+from arl.envs.realbugs.env import task_for
+from arl.envs.realbugs.packages import PACKAGES, ensure_package
+from arl.envs.realbugs.solver import realbug_calls
+from arl.envs.realbugs.suite import parse_report
+from arl.envs.realbugs.tasks import TASKS, candidates
+
+
+def test_task_list_spans_packages_and_matches_the_pinned_sources():
+    assert len(TASKS) >= 50
+    per_package = collections.Counter(task.package for task in TASKS)
+    assert len(per_package) >= 3, per_package
+    assert len({task.name for task in TASKS}) == len(TASKS)
+    for task in TASKS:
+        pristine = (ensure_package(PACKAGES[task.package]) / task.path).read_text()
+        buggy = task.apply(pristine)
+        assert buggy != pristine and buggy.count(task.buggy) == 1  # the fix is one unambiguous str_replace
+        assert buggy.replace(task.buggy, task.original, 1) == pristine  # the oracle: the pristine file
+        # every task is one of the deterministic candidates of its file
+        assert task in candidates(task.package, task.path, pristine)
+
+
+def test_apply_refuses_a_changed_line():
+    task = TASKS[0]
+    with pytest.raises(ValueError, match="the line is not"):
+        task.apply("something else\n" * (task.line + 1))
+
+
+def test_report_counts_failures_errors_and_skips():
+    result = parse_report('<testsuites><testsuite><testcase classname="t" name="a"/>'
+                          '<testcase classname="t" name="b"><error message="E">tb</error></testcase>'
+                          '<testcase classname="t" name="c"><skipped/></testcase></testsuite></testsuites>')
+    assert (result.passed, result.failed, result.skipped, result.first_failure) == (1, 1, 1, "t::b")
+    assert result.score(4) == 0.25
+
+
+@pytest.mark.parametrize("seed", [1])
+def test_one_task_is_caught_by_its_package_tests(seed):
+    """A sample of the build's verification, run afresh (not from the cache)."""
+    import asyncio
+
+    task = task_for(seed)
+    row = asyncio.run(check_task(task, None))
+    assert row["caught"] and row["first_failure"], row
+
+
+@pytest.mark.slow
+def test_every_task_verifies():
+    """All of them (each a pytest -x run of its package in a sandbox, 3-60 s; cached after the first
+    time, then under a second; from an empty cache ~30 min on 2 cores busy with other work)."""
+    missed = [task.name for task in TASKS if not task_record(task)["caught"]]
+    assert not missed
+
+
+def _play(env, calls):
+    reward, info = 0.0, {}
+    for i, (name, arguments) in enumerate(calls):
+        _, reward, terminated, truncated, info = env.step(assistant_message(name, arguments, f"call_{i}"))
+        if terminated or truncated:
+            break
+    return reward, info
+
+
+@pytest.mark.slow
+def test_known_fix_scores_one_and_the_bug_less():
+    seed = next(i for i, task in enumerate(TASKS) if task.package == "inflection")  # the quickest suite
+    env = gym.make("arl/RealBugFix-v0").unwrapped
+    try:
+        observation, _ = env.reset(seed=seed)
+        assert "fails" in observation and env.record["first_failure"] in observation
+        reward, info = _play(env, realbug_calls(task_for(seed)))
+        assert reward == 1.0 and info["success"], info
+        env.reset(seed=seed)
+        reward, info = _play(env, [("submit", {})])
+        assert 0.0 <= reward < 1.0 and not info["success"]
+    finally:
+        env.close()
+
+
+def test_oracle_plays_the_known_fix_in_proxy_mode_only():
+    from arl.config import load_config
+    from arl.rollout.oracle import REALBUGS_ENV, OracleClient, check_oracle
+
+    rollout = load_config("tiny_realbugs_proxy").rollout
+    assert rollout.env_id == REALBUGS_ENV
+    check_oracle(rollout)  # a tool-calling proxy agent: accepted
+    assert OracleClient(5, REALBUGS_ENV).calls == realbug_calls(task_for(5))
+    rollout.mode = "step"
+    with pytest.raises(ValueError, match="tool-calling agent"):
+        check_oracle(rollout)
