@@ -15,6 +15,7 @@ for choices, the allowed values.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -25,6 +26,13 @@ import attrs
 import cattrs
 import yaml
 from attrs import validators as v
+
+
+def arl_home() -> Path:
+    """arl's cache root, ``$ARL_HOME`` (default ``~/.cache/arl``): the zoo's built models live under
+    ``models/``, the real-code tasks' packages under ``realbugs/``. Here, in the bottom layer, so that
+    every layer reads the one variable the same way."""
+    return Path(os.environ.get("ARL_HOME", Path.home() / ".cache" / "arl"))
 
 __all__ = [  # the public names (docs/architecture.md §10; tests/test_public_api.py holds them to it)
     "AGENT_SAMPLING", "BACKENDS", "CONFIG_DIR", "DEFAULT_MODEL", "DEMO_CONFIG", "FORK_AT", "MODES", "PRECISIONS",

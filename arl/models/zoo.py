@@ -26,6 +26,8 @@ from typing import Any
 
 import attrs
 
+from arl.config import arl_home  # noqa: F401 (arl.models.arl_home: the zoo's public name for it)
+
 # HF renders templates with trim_blocks: a newline right after a block tag is dropped, hence the
 # explicit {{ '\\n' }} after block tags.
 CHATML_TEMPLATE = (
@@ -98,10 +100,6 @@ class TinySpec:
 
 class UnknownModelError(ValueError):
     """A model name that is neither in the zoo nor an existing path."""
-
-
-def arl_home() -> Path:
-    return Path(os.environ.get("ARL_HOME", Path.home() / ".cache" / "arl"))
 
 
 def _tokenizer_corpus(seed: int) -> list[str]:

@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -31,7 +30,6 @@ import attrs
 from arl.envs.realbugs.packages import PACKAGES, cache_dir, ensure_package
 from arl.envs.realbugs.suite import SUITE_LIMITS, run_suite
 from arl.envs.realbugs.tasks import STRIDES, TASKS, TASKS_FILE, RealBug, candidates
-
 
 CHECK_LIMITS = attrs.evolve(SUITE_LIMITS, wall_s=60.0)
 

@@ -23,11 +23,11 @@ from typing import Any
 
 from arl.envs.bugfix.env import BugFixEnv
 from arl.envs.bugfix.judge import JudgeUnavailable
-from arl.envs.reward_spec import RewardResult, RewardSpec, RewardUnavailable
 from arl.envs.realbugs.build import package_record, task_record
 from arl.envs.realbugs.packages import PACKAGES, ensure_package, package_files
 from arl.envs.realbugs.suite import MAX_SOURCE_BYTES, run_suite
 from arl.envs.realbugs.tasks import TASKS, RealBug
+from arl.envs.reward_spec import RewardResult, RewardSpec, RewardUnavailable
 from arl.sandbox.sandbox import Sandbox, SandboxLimits
 
 AGENT_LIMITS = SandboxLimits(wall_s=60.0, cpu_s=60.0, output_bytes=1 << 20)  # a test file runs in a few seconds

@@ -13,7 +13,6 @@ run where PyPI is reachable.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 import attrs
+
+from arl.config import arl_home
 
 
 class PackageUnavailable(RuntimeError):
@@ -61,7 +62,7 @@ PACKAGES: dict[str, Package] = {
 
 def cache_dir() -> Path:
     """``$ARL_HOME/realbugs`` (``ARL_HOME`` defaults to ``~/.cache/arl``, as for the model zoo)."""
-    return Path(os.environ.get("ARL_HOME", Path.home() / ".cache" / "arl")) / "realbugs"
+    return arl_home() / "realbugs"
 
 
 def sha256_of(path: Path) -> str:
