@@ -120,6 +120,17 @@ def request_seed(config: ManagerConfig, spec: EpisodeSpec, turn: int) -> int | N
 # -- the manager base ---------------------------------------------------------------------------
 
 
+def image_kwargs(rendered: RenderedPrompt | None) -> dict[str, RenderedPrompt]:
+    """`EnvManager.act`'s keyword for an image prompt: ``{"rendered": ...}`` when there is one, else
+    nothing, so a subclass written before image observations (its ``act`` without ``rendered``) keeps
+    working on text prompts.
+
+    >>> image_kwargs(None)
+    {}
+    """
+    return {} if rendered is None else {"rendered": rendered}
+
+
 class EnvManager(abc.ABC):
     """Plays episodes against an engine. Subclasses implement `_play`.
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from arl.engine.tokens import TokenRow
 from arl.envs.prompts import compact_messages, history_action, step_messages
-from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids
+from arl.rollout.base import EnvManager, EpisodeSpec, chat_ids, image_kwargs
 from arl.rollout.records import Sample, Trajectory, Turn
 
 # (env, prompt ids, observation, history, turn limit) -> (turn, next observation, terminated, truncated)
@@ -53,7 +53,7 @@ class StepEnvManager(EnvManager):
                 traj.exit_reason = "max_length"
                 break
             if take_turn is None:
-                turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs, rendered)
+                turn, next_obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs, **image_kwargs(rendered))
             else:
                 turn, next_obs, terminated, truncated = await take_turn(env, prompt, obs, history, limit)
             self.remember(history, obs, turn)

@@ -26,7 +26,7 @@ from typing import Any
 from arl.engine.prompt import PromptView
 from arl.engine.tokens import TokenRow
 from arl.envs.prompts import compact_messages, compact_user_message, traj_messages_start, traj_user_message
-from arl.rollout.base import EnvManager, EpisodeSpec, bridge_ids, chat_ids
+from arl.rollout.base import EnvManager, EpisodeSpec, bridge_ids, chat_ids, image_kwargs
 from arl.rollout.records import Sample, Trajectory, Turn
 
 
@@ -51,7 +51,7 @@ class TrajEnvManager(EnvManager):
                 traj.exit_reason = "max_length"  # the cut user turn and its frame are in no sample
                 break
             prompt = PromptView(ids) if rendered is None else ids
-            turn, obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs, rendered)
+            turn, obs, terminated, truncated = await self.act(spec, traj, env, prompt, obs, **image_kwargs(rendered))
             if len(traj.turns) > 1:  # the last turn's rendered prompt holds every image: one is enough
                 traj.turns[-2].rendered = None
             ids += turn.response_ids + self.close_turn(turn.response_ids)
