@@ -169,10 +169,13 @@ async def run_game(game: str, config_path: Path, args: argparse.Namespace, runs_
                     n_params = n_params or sum(p.numel() for p in trainer.model.parameters())
                 finally:
                     await trainer.close()  # the logger; the injected engine stays open
-                wall = time.perf_counter() - t0
+                piece = time.perf_counter() - t0
+                # A resumed run's clock saw only its last piece: its wall time is absent (None), not that piece.
+                wall = None if resume else piece
                 evals, train = curve_of(history)
-                print(f"  {tag} done in {wall:.0f} s: val success {evals[0]['success']:.3f} -> "
-                      f"{evals[-1]['success']:.3f} after {evals[-1]['env_steps']:.0f} env steps", flush=True)
+                print(f"  {tag} done in {piece:.0f} s{' (resumed: this piece only)' if resume else ''}: val success "
+                      f"{evals[0]['success']:.3f} -> {evals[-1]['success']:.3f} after {evals[-1]['env_steps']:.0f} "
+                      "env steps", flush=True)
                 runs.append({"estimator": estimator, "seed": seed, "wall_s": wall, "steps": config.steps,
                              "episodes_per_step": config.rollout.num_groups * config.rollout.group_size,
                              "curve": evals, "train": train})
@@ -302,7 +305,8 @@ def aggregate(game_result: dict[str, Any]) -> list[dict[str, Any]]:
                      "start": mean[0]["success"], "start_std": mean[0]["success_std"],
                      "final": mean[-1]["success"], "final_std": mean[-1]["success_std"],
                      "env_steps_total": mean[-1]["env_steps"],
-                     "wall_s_per_run": statistics.fmean(r["wall_s"] for r in runs)})
+                     "wall_s_per_run": (statistics.fmean(walls) if (walls := [r["wall_s"] for r in runs
+                                                                              if r["wall_s"] is not None]) else None)})
     grpo = next((r for r in rows if r["estimator"] == "grpo"), None)
     target = grpo["final"] if grpo else None
     grpo_reach = None
@@ -365,7 +369,7 @@ def game_tables(game_result: dict[str, Any], rows: list[dict[str, Any]]) -> str:
           "-" if r["target"] is None else ("not reached" if r["env_steps_to_target"] is None
                                            else f"{r['env_steps_to_target']:.0f}"),
           "-" if r["ratio_vs_grpo"] is None else f"{r['ratio_vs_grpo']:.2f}x",
-          f"{r['wall_s_per_run']:.0f}"] for r in rows])
+          "-" if r["wall_s_per_run"] is None else f"{r['wall_s_per_run']:.0f}"] for r in rows])
     target = rows[0]["target"] if rows else None
     note = "" if target is None else f"GRPO's final mean success (the target): {target:.1%}\n"
     steps = [p["step"] for p in rows[0]["curve"]] if rows else []
