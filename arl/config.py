@@ -152,7 +152,8 @@ class ManagerConfig:
     # the anchors' system prompt (docs/reference.md §1.4).
     system_prompt: str | None = None
     fork: ForkConfig = attrs.Factory(ForkConfig)  # step mode: forked anchor groups (off by default)
-    # What a prompt shows of the game's state (traj and step modes; docs/guide.md "Image observations"):
+    # What a prompt shows of the game's state (traj and step modes, and proxy mode's GymRunner, which
+    # sends the frames as image_url parts; docs/guide.md "Image observations"):
     # "text" the grid as text; "image" the game's RGB frame only (the text says the board is in the
     # image); "both" the frame and the grid text. "image"/"both" need a VLM (the zoo's tiny-vl).
     observation: str = attrs.field(default="text", validator=v.in_(OBSERVATIONS))
@@ -251,9 +252,6 @@ class RolloutConfig:
     partial: PartialConfig = attrs.Factory(PartialConfig)
 
     def __attrs_post_init__(self) -> None:
-        if self.manager.observation != "text" and self.mode not in ("traj", "step"):
-            raise ValueError(f"rollout.manager.observation={self.manager.observation!r} is played by the traj and step "
-                             f"managers, not mode {self.mode!r}")
         if self.manager.fork.k and self.mode != "step":
             raise ValueError(f"rollout.manager.fork needs rollout.mode=step (a fork samples step prompts), not {self.mode!r}")
         if self.partial.enabled and (self.max_staleness > 0 or self.spare_groups > 0):
@@ -274,6 +272,11 @@ class AlgoConfig:
     # GiGPO's normalisation of both advantages: mean_norm (A = R - mean) | mean_std_norm (/ std too)
     gigpo_norm: str = attrs.field(default="mean_norm", validator=v.in_(("mean_norm", "mean_std_norm")))
     invalid_penalty: float = 0.0
+    # GiGPO's episode-term conventions (arl.algo.step_level.gigpo): the group statistics over episodes
+    # (arl's) or over step rows (verl-agent's compute_mean_std_cross_steps); a singleton group's
+    # advantage 0 (arl's) or its raw score (verl-agent's)
+    episode_stats: str = attrs.field(default="episodes", validator=v.in_(("episodes", "steps")))
+    singleton: str = attrs.field(default="zero", validator=v.in_(("zero", "raw")))
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     dual_clip: float | None = None

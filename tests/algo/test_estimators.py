@@ -156,3 +156,22 @@ def test_reinforce_credits_a_step_with_its_return_to_go_and_a_trajectory_with_it
     np.testing.assert_allclose(estimators.estimate("reinforce", trajectories, settings)[0], [0.7, 0.2])
     branches = [row(0.5, 0.5, "a", 0), row(0.5, 0.5, "a", 0)]  # the proxy tracker's branches of one episode
     np.testing.assert_allclose(estimators.estimate("reinforce", branches, settings)[0], [0.5, 0.5])
+
+
+def test_algo_config_sets_gigpo_episode_conventions():
+    """algo.episode_stats / algo.singleton reach arl.algo.gigpo from the trainer's AlgoConfig (verl-agent's
+    conventions are a config override, not a custom estimator)."""
+    # group "a" holds one episode of two steps, group "b" one episode of one step: both singleton episode groups
+    S = lambda score, group, traj, step, key: types.SimpleNamespace(  # noqa: E731
+        episode_score=score, step_score=0.0, group_id=group, traj_id=traj, step=step, state_key=key,
+        action_valid=True)
+    samples = [S(1.0, "a", "t0", 0, "x"), S(1.0, "a", "t0", 1, "y"), S(0.5, "b", "t1", 0, "z")]
+    arl_own = load_config("configs/tiny_frozenlake_gigpo.yaml").algo
+    verl_agent = load_config("configs/tiny_frozenlake_gigpo.yaml", ["algo.singleton=raw"]).algo
+    assert (arl_own.episode_stats, arl_own.singleton) == ("episodes", "zero")
+    adv_own, _ = estimators.estimate("gigpo", samples, arl_own)
+    adv_raw, _ = estimators.estimate("gigpo", samples, verl_agent)
+    assert np.allclose(adv_own, 0.0)  # singletons give 0, and each anchor group is a singleton too
+    assert np.allclose(adv_raw, [1.0, 1.0, 0.5])  # a singleton passes its raw score (mean 0, std 1)
+    with pytest.raises(ValueError):
+        load_config("configs/tiny_frozenlake_gigpo.yaml", ["algo.episode_stats=batch"])
