@@ -15,8 +15,15 @@ groups in flight, each episode its own asyncio task that lives across steps:
    its members finished: GRPO and GiGPO compare whole groups); the others are carried over intact,
    their turns with their tokens, masks, behaviour log-probs and the policy version that sampled
    each turn (every token of a turn comes from one version: the gate is drained before a push);
-5. groups that would be older than ``max_age`` updates when the next step trains them are
-   cancelled and dropped, counted (``rollout/partial_dropped_*``, their generated tokens included).
+   a trained sample holds the version of each of its tokens (`Sample.token_versions`);
+5. groups whose oldest token would be more than ``max_age`` versions behind the serving policy
+   when the next step trains them are cancelled and dropped, counted (``rollout/partial_dropped_*``,
+   their generated tokens included); a group that has sampled no token yet holds nothing stale.
+
+Ages are in policy versions (weight pushes), measured from the engine's ``policy_version`` at
+collection (``serving``): a token's age is ``serving`` minus the version that sampled it, an
+episode's the age of its oldest token. An engine without a ``policy_version`` falls back to the
+steps since the group was launched.
 
 The trainer then updates, pushes the weights (``rollout.partial.kv``: the engine drops the KV of
 the old weights and recomputes a resumed episode's prompt, or keeps it; `BaseEngine.update_weights`)
@@ -47,16 +54,17 @@ import attrs
 
 from arl.rollout.base import EnvManager, Episode, episode_clock_paused
 from arl.rollout.metrics import rollout_metrics
-from arl.rollout.records import EpisodeSpec, Trajectory
+from arl.rollout.records import EpisodeSpec, Sample, Trajectory
 from arl.rollout.scheduler import GroupScheduler, RolloutBatch, _group
 
-__all__ = ["PartialScheduler", "RequestGate", "tokens_by_lag"]
+__all__ = ["PartialScheduler", "RequestGate", "tokens_by_lag", "version_metrics"]
 
 
 class RequestGate:
     """The switch between a manager's episodes and its engine: open, requests pass; closed, new
     requests wait and `drain` returns once the ones already running have finished. It also counts
-    the response tokens generated per group (``tokens``), for what a dropped group wasted.
+    the response tokens generated per group (``tokens``), for what a dropped group wasted, and
+    keeps the oldest policy version that sampled any of them (``oldest``), for ``max_age``.
 
     One event loop only (the trainer's)."""
 
@@ -68,6 +76,7 @@ class RequestGate:
         self.in_flight = 0
         self.held = 0  # requests that found the gate closed and waited
         self.tokens: Counter[str] = Counter()
+        self.oldest: dict[str, int] = {}  # group id -> the oldest policy version of its generated tokens
 
     @property
     def is_open(self) -> bool:
@@ -91,6 +100,9 @@ class RequestGate:
         self.in_flight -= 1
         gens = generation if isinstance(generation, list) else [generation] if generation is not None else []
         self.tokens[traj.group_id] += sum(len(g.token_ids) for g in gens)
+        versions = [g.policy_version for g in gens if len(g.token_ids)]
+        if versions:
+            self.oldest[traj.group_id] = min(self.oldest.get(traj.group_id, versions[0]), *versions)
         if self.in_flight == 0:
             self._idle.set()
 
@@ -147,6 +159,21 @@ class PartialScheduler(GroupScheduler):
         """The group ids launched and not yet trained or dropped, in launch order."""
         return list(self._live)
 
+    def _age_when_next_trained(self, group: _Group, step: int, serving: int | None) -> int:
+        """How many versions behind the serving policy ``group``'s oldest token will be when the
+        next step trains it (one push from now); 0 for a group with no token yet. Without a
+        ``serving`` version: the steps since it was launched."""
+        if serving is None:
+            return step + 1 - group.born
+        oldest = self.gate.oldest.get(group.group_id)
+        return 0 if oldest is None else serving + 1 - oldest
+
+    def _forget(self, group: _Group) -> int:
+        """Stop tracking ``group`` (trained or dropped); returns the response tokens it generated."""
+        del self._live[group.group_id]
+        self.gate.oldest.pop(group.group_id, None)
+        return self.gate.tokens.pop(group.group_id, 0)
+
     def _launch(self, manager: EnvManager, step: int) -> None:
         n, self.next_group = self.next_group, self.next_group + 1
         specs = _group(self.env_id, self.tag, n, self.base_seed + n, self.group_size)
@@ -181,11 +208,10 @@ class PartialScheduler(GroupScheduler):
         drain = time.perf_counter() - collected
         take = [g for g in self._live.values() if g.done][: self.num_groups]  # the oldest finished ones
         for g in take:
-            del self._live[g.group_id]
-            self.gate.tokens.pop(g.group_id, None)
-        too_old = [g for g in self._live.values() if step + 1 - g.born > self.max_age]
+            self._forget(g)
+        too_old = [g for g in self._live.values() if self._age_when_next_trained(g, step, serving) > self.max_age]
+        dropped_tokens = sum(self._forget(g) for g in too_old)
         for g in too_old:
-            del self._live[g.group_id]
             for t in g.tasks:
                 t.cancel()
         await asyncio.gather(*(t for g in too_old for t in g.tasks), return_exceptions=True)
@@ -194,23 +220,23 @@ class PartialScheduler(GroupScheduler):
         episodes = [t.result() for g in take for t in g.tasks]
         groups = {g.group_id: [t.result() for t in g.tasks] for g in take}
         metrics = rollout_metrics(episodes)
-        ages = [float(step - g.born) for g in take for _ in g.tasks]
+        if serving is not None:
+            metrics.update(version_metrics(episodes, serving))
+        else:
+            ages = [float(step - g.born) for g in take for _ in g.tasks]
+            metrics.update({"rollout/partial_age_max": max(ages), "rollout/partial_age_mean": sum(ages) / len(ages)})
         metrics.update({
-            "rollout/partial_age_max": max(ages), "rollout/partial_age_mean": sum(ages) / len(ages),
             "rollout/partial_carried_groups": float(len(self._live)),
             "rollout/partial_carried_episodes": float(sum(g.running for g in self._live.values())),
             "rollout/partial_dropped_groups": float(len(too_old)),
             "rollout/partial_dropped_episodes": float(sum(len(g.tasks) for g in too_old)),
-            "rollout/partial_dropped_tokens": float(sum(self.gate.tokens.pop(g.group_id, 0) for g in too_old)),
+            "rollout/partial_dropped_tokens": float(dropped_tokens),
             "rollout/partial_drained_requests": float(drained),
             "rollout/partial_drain_s": drain,
         })
         if self._dropped_on_resume:
             metrics["rollout/partial_dropped_on_resume"] = float(self._dropped_on_resume)
             self._dropped_on_resume = 0
-        if serving is not None:
-            metrics.update({f"rollout/tokens_lag_{k}": float(v)
-                            for k, v in sorted(tokens_by_lag([e.trajectory for e in episodes], serving).items())})
         metrics["timing/rollout_s"] = wall
         turns = metrics.get("rollout/num_turns", 0.0)
         metrics["timing/rollout_turns_per_s"] = turns / wall if wall > 0 else 0.0
@@ -237,26 +263,56 @@ class PartialScheduler(GroupScheduler):
         """Cancel every episode in flight (a run that ends leaves none behind)."""
         tasks = [t for g in self._live.values() for t in g.tasks]
         self._live.clear()
+        self.gate.oldest.clear()
         for t in tasks:
             t.cancel()
         self.gate.open()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def tokens_by_lag(trajectories: list[Trajectory], serving: int) -> dict[int, int]:
-    """Response tokens per policy lag: how many of the turns' tokens were sampled ``k`` versions
-    before ``serving`` (the engine's policy version when the batch was collected), for each k seen.
+def tokens_by_lag(samples: list[Sample], serving: int) -> dict[int, int]:
+    """Response tokens per policy lag: how many of the samples' response tokens were sampled ``k``
+    versions before ``serving`` (the engine's policy version when the batch was collected), for
+    each k seen (`Sample.response_versions`: each token's own version).
 
-    >>> from arl.rollout.records import Turn
-    >>> t = Trajectory(env_id="e", group_id="g", episode_id=0, seed=0)
-    >>> t.turns = [Turn(observation="", prompt_ids=[1], response_ids=[2, 3], response_logprobs=[0.0, 0.0],
-    ...                 policy_version=4),
-    ...            Turn(observation="", prompt_ids=[1], response_ids=[5], response_logprobs=[0.0], policy_version=5)]
-    >>> tokens_by_lag([t], serving=5)
+    >>> s = Sample([1, 2, 3, 4, 5], [0, 1, 1, 0, 1], [0.0] * 5, 0.0, 0.0, "g", "g/0", policy_version=4,
+    ...            token_versions=[-1, 4, 4, -1, 5])
+    >>> tokens_by_lag([s], serving=5)
     {1: 2, 0: 1}
     """
-    out: Counter[int] = Counter()
-    for traj in trajectories:
-        for turn in traj.turns:
-            out[serving - turn.policy_version] += len(turn.response_ids)
+    out: Counter[int] = Counter(serving - v for s in samples for v in s.response_versions())
     return dict(out)
+
+
+def version_metrics(episodes: list[Episode], serving: int) -> dict[str, float]:
+    """The age, in policy versions behind ``serving``, of a batch's trained tokens, from each
+    token's own version (`Sample.response_versions`):
+
+      rollout/partial_age_max        the oldest token's age (an episode's age is its oldest token's)
+      rollout/partial_age_mean       the mean episode age, over episodes with a response token
+      rollout/partial_token_age_mean the mean age over every response token
+      rollout/tokens_lag_<k>         response tokens sampled k versions before ``serving``
+
+    An episode with no response token has no age; with none at all, the ages are 0.
+
+    >>> from arl.rollout.records import Trajectory
+    >>> def ep(gid, versions):
+    ...     mask = [1] * len(versions)
+    ...     s = Sample([0] * len(versions), mask, [0.0] * len(versions), 0.0, 0.0, gid, gid + "/0",
+    ...                policy_version=min(versions), token_versions=versions)
+    ...     return Episode(Trajectory(env_id="e", group_id=gid, episode_id=0, seed=0), [s])
+    >>> m = version_metrics([ep("a", [3, 3, 4, 5]), ep("b", [5] * 6)], serving=5)
+    >>> m["rollout/partial_age_max"], m["rollout/partial_age_mean"], m["rollout/partial_token_age_mean"]
+    (2.0, 1.0, 0.5)
+    >>> m["rollout/tokens_lag_2"], m["rollout/tokens_lag_1"], m["rollout/tokens_lag_0"]
+    (2.0, 1.0, 7.0)
+    """
+    lags = tokens_by_lag([s for e in episodes for s in e.samples], serving)
+    ages = [float(serving - min(vs)) for e in episodes if (vs := [v for s in e.samples for v in s.response_versions()])]
+    tokens = sum(lags.values())
+    return {
+        "rollout/partial_age_max": max(ages, default=0.0),
+        "rollout/partial_age_mean": sum(ages) / len(ages) if ages else 0.0,
+        "rollout/partial_token_age_mean": sum(k * n for k, n in lags.items()) / tokens if tokens else 0.0,
+        **{f"rollout/tokens_lag_{k}": float(n) for k, n in sorted(lags.items(), reverse=True)},
+    }

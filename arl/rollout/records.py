@@ -181,7 +181,7 @@ class Sample:
     env_id: str = ""
     exit_reason: str = "terminated"
     action_valid: bool = True
-    policy_version: int = 0
+    policy_version: int = 0  # the oldest policy version among its response tokens (`token_versions`)
     info: dict[str, Any] = attrs.Factory(dict)
     # Forked anchor groups (arl.rollout.fork): rows with one fork_id acted in one copied state from
     # one prompt; fork_rewards are the rewards from that state on (this row's action first), whose
@@ -199,6 +199,10 @@ class Sample:
     # input_ids is one of its images' (a turn cut for length is no turn: its images are not here).
     # None: a text sample.
     rendered: Any = None
+    # The policy version that sampled each token, aligned with input_ids (-1 on context tokens): a
+    # partial rollout's carried episode holds tokens of several versions (`arl.rollout.partial`).
+    # Empty: not recorded, every response token counts as ``policy_version``'s (`response_versions`).
+    token_versions: list[int] = attrs.Factory(list)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.input_ids)
@@ -214,12 +218,21 @@ class Sample:
                              f"{count_runs(self.response_mask)} replies (runs of response_mask)")
         if self.branch and self.fork_id is None:
             raise ValueError("a branch sample needs the fork_id of the state it was forked in")
+        if self.token_versions:
+            if len(self.token_versions) != n:
+                raise ValueError(f"Sample fields misaligned: input_ids {n}, token_versions {len(self.token_versions)}")
+            sampled = [v for v, m in zip(self.token_versions, self.response_mask, strict=True) if m]
+            if any(v < 0 for v in sampled):
+                raise ValueError("token_versions has no version (-1) on a response token")
+            if sampled and min(sampled) != self.policy_version:
+                raise ValueError(f"policy_version {self.policy_version} is not the oldest of the response tokens' "
+                                 f"versions ({min(sampled)})")
 
     @classmethod
     @renamed_keywords("Sample.of", score="step_score", state_hash="state_key")
     def of(
         cls, spec: EpisodeSpec, traj: Trajectory, row: TokenRow, *, mode: str, step_score: float,
-        action_valid: bool, policy_version: int, step: int = 0, state_key: str | None = None,
+        action_valid: bool, policy_version: int | None = None, step: int = 0, state_key: str | None = None,
         traj_id: str | None = None, episode_score: float | None = None, info: dict[str, Any] | None = None,
         fork_id: str | None = None, fork_rewards: Sequence[float] = (), branch: bool = False, rendered: Any = None,
     ) -> Sample:
@@ -227,7 +240,11 @@ class Sample:
         credited with ``step_score``, in ``spec``'s group, env and trajectory
         (``traj_id``: another, a branch's) and ``traj``'s exit and episode score (``episode_score``:
         another, a branch's). ``rendered``: the images of its last prompt (`Sample.rendered`). ``info`` holds ``mode`` and the episode's seed, tag, number of turns and
-        success, then ``info``'s own entries (which may replace them)."""
+        success, then ``info``'s own entries (which may replace them). ``policy_version``: the
+        oldest of the row's token versions when it records them (None: that one; 0 if it does not)."""
+        versions = row.token_versions
+        if policy_version is None:
+            policy_version = min((v for v, m in zip(versions, row.mask, strict=True) if m), default=0)
         return cls(
             input_ids=row.ids, response_mask=row.mask, old_logprobs=row.logprobs, sampled_with=row.sampled_with,
             episode_score=traj.episode_score if episode_score is None else episode_score,
@@ -236,7 +253,7 @@ class Sample:
             action_valid=action_valid, policy_version=policy_version,
             info={"mode": mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(traj.turns),
                   "success": traj.success, **(info or {})},
-            fork_id=fork_id, fork_rewards=fork_rewards, branch=branch, rendered=rendered,
+            fork_id=fork_id, fork_rewards=fork_rewards, branch=branch, rendered=rendered, token_versions=versions,
         )
 
     @property
@@ -246,6 +263,19 @@ class Sample:
     @property
     def num_response_tokens(self) -> int:
         return sum(self.response_mask)
+
+    def response_versions(self) -> list[int]:
+        """The policy version that sampled each response token, in order: its `token_versions`,
+        or ``policy_version`` for every one where the sample does not record them.
+
+        >>> s = Sample([1, 2, 3, 4], [0, 1, 0, 1], [0.0] * 4, 0.0, 0.0, "g", "g/0", policy_version=2,
+        ...            token_versions=[-1, 2, -1, 3])
+        >>> s.response_versions(), attrs.evolve(s, token_versions=[]).response_versions()
+        ([2, 3], [2, 2])
+        """
+        if not self.token_versions:
+            return [self.policy_version] * self.num_response_tokens
+        return [v for v, m in zip(self.token_versions, self.response_mask, strict=True) if m]
 
 
 def check_images(input_ids: Sequence[int], response_mask: Sequence[int], rendered: Any) -> None:

@@ -92,7 +92,7 @@ class StepEnvManager(EnvManager):
         """One turn as a sample: its prompt, its reply (closed), credited with its reward; the fork
         manager's branch rows give their ``differences`` (`Sample.of`'s keywords)."""
         row = TokenRow.turn(turn.prompt_ids, turn.response_ids, turn.response_logprobs,
-                            self.close_turn(turn.response_ids), turn.sampled_with)
+                            self.close_turn(turn.response_ids), turn.sampled_with, turn.policy_version)
         return Sample.of(spec, traj, row, mode=self.mode, step_score=turn.reward, step=step, state_key=turn.state_key,
                          action_valid=turn.action_valid, policy_version=turn.policy_version, rendered=turn.rendered,
                          **differences)

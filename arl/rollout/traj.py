@@ -94,11 +94,12 @@ class TrajEnvManager(EnvManager):
         for turn in traj.turns:
             _check_prefix(row.ids, turn)
             bridge = turn.prompt_ids[len(row.ids) :]
-            row.context(bridge).generated(turn.response_ids, turn.response_logprobs, turn.sampled_with)
+            row.context(bridge).generated(turn.response_ids, turn.response_logprobs, turn.sampled_with,
+                                          turn.policy_version)
             row.context(self.close_turn(turn.response_ids))
         return [Sample.of(spec, traj, row, mode=self.mode, step_score=traj.episode_score,
-                          action_valid=all(t.action_valid for t in traj.turns),
-                          policy_version=min(t.policy_version for t in traj.turns), rendered=traj.turns[-1].rendered)]
+                          action_valid=all(t.action_valid for t in traj.turns),  # policy_version: the oldest token's
+                          rendered=traj.turns[-1].rendered)]
 
 
 def _check_prefix(ids: list[int], turn: Turn) -> None:
