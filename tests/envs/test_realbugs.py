@@ -48,7 +48,7 @@ def test_report_counts_failures_errors_and_skips():
                           '<testcase classname="t" name="b"><error message="E">tb</error></testcase>'
                           '<testcase classname="t" name="c"><skipped/></testcase></testsuite></testsuites>')
     assert (result.passed, result.failed, result.skipped, result.first_failure) == (1, 1, 1, "t::b")
-    assert result.score(4) == 0.25
+    assert result.score(["t::a", "t::b", "t::c", "t::d"]) == 0.25
 
 
 @pytest.mark.parametrize("seed", [1])
@@ -105,3 +105,4 @@ def test_oracle_plays_the_known_fix_in_proxy_mode_only():
     rollout.mode = "step"
     with pytest.raises(ValueError, match="tool-calling agent"):
         check_oracle(rollout)
+

@@ -5,7 +5,7 @@
 
 Verification (each record cached in ``$ARL_HOME/realbugs/verified/``, named by what it checked;
 an env reset verifies a task it finds unchecked, in seconds, so the build is a warm-up): each
-package's pristine suite passes in full in the sandbox (its test count is the reward's
+package's pristine suite passes in full in the sandbox (the ids of its tests are the reward's
 denominator), and each task's buggy file fails at least one test (pytest ``-x``: the first
 failing test and its message are what the agent is shown). The oracle of a task is the pristine
 file (`RealBug.apply` replaces one line; the fix puts it back byte for byte), so one full run per
@@ -49,9 +49,10 @@ def _cached(name: str, key: Any, make: Any) -> dict[str, Any]:
 
 
 def package_record(name: str, isolation: str | None = None) -> dict[str, Any]:
-    """``{"tests": n, "skipped": k}`` of ``name``'s pristine suite (run once, then cached)."""
+    """``{"tests": n, "skipped": k, "ids": [...]}`` of ``name``'s pristine suite (run once, then
+    cached): ``ids`` are the tests that pass, the reward's denominator (`SuiteResult.score`)."""
     package = PACKAGES[name]
-    return _cached(package.dirname, package.sha256, lambda: _run(check_package(name, isolation)))
+    return _cached(package.dirname, [package.sha256, "ids"], lambda: _run(check_package(name, isolation)))
 
 
 def task_record(task: RealBug, isolation: str | None = None) -> dict[str, Any]:
@@ -77,7 +78,7 @@ async def check_package(name: str, isolation: str | None) -> dict[str, Any]:
     result = await run_suite(PACKAGES[name], isolation=isolation)
     if result.status != "ok" or result.failed or not result.passed:
         raise RuntimeError(f"{name}'s pristine suite does not pass in the sandbox: {result}")
-    return {"tests": result.passed, "skipped": result.skipped}
+    return {"tests": result.passed, "skipped": result.skipped, "ids": sorted(result.passed_ids)}
 
 
 async def check_task(task: RealBug, isolation: str | None) -> dict[str, Any]:

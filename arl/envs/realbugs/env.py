@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+from pathlib import Path
 from typing import Any
 
 from arl.envs.bugfix.env import BugFixEnv
 from arl.envs.bugfix.judge import JudgeUnavailable
 from arl.envs.realbugs.build import package_record, task_record
-from arl.envs.realbugs.packages import PACKAGES, ensure_package, package_files
+from arl.envs.realbugs.packages import PACKAGES, PackageUnavailable, ensure_package, package_files
 from arl.envs.realbugs.suite import MAX_SOURCE_BYTES, run_suite
 from arl.envs.realbugs.tasks import TASKS, RealBug
 from arl.envs.reward_spec import RewardResult, RewardSpec, RewardUnavailable
@@ -85,23 +86,39 @@ class RealBugFixEnv(BugFixEnv):
 
 class PackageTestsSpec(RewardSpec):
     """The reward of `RealBugFixEnv`: the share of the package's own tests that pass with the
-    agent's copies of its source files (`arl.envs.realbugs.suite.run_suite`, a sandbox of its own);
-    the denominator is the pristine suite's test count from the build."""
+    agent's copies of its source files (`arl.envs.realbugs.suite.run_suite`, a sandbox of its own
+    from the pristine tree, pytest isolated from the tree; docs/threat_model.md, "The real-code
+    reward"). ``tests``: each test of the pristine suite's list from the build
+    (`arl.envs.realbugs.build.package_record`) by id, passed only if this run reported it passed,
+    so the denominator is that list's length."""
 
     name = "package-tests"
     timeout_s = 600.0
 
     async def score(self, sandbox: Sandbox, task: Any) -> RewardResult:
+        sources = await asyncio.to_thread(read_sources, task.package, sandbox.workdir)
+        return await self.score_sources(sources, task, sandbox.isolation)
+
+    async def score_sources(self, sources: dict[str, bytes], task: Any, isolation: str | None) -> RewardResult:
+        """The reward of ``sources`` (the package's source files, relative path -> bytes) for ``task``."""
         package = PACKAGES[task.package]
-        sources = {path: data for path in package.sources
-                   if (data := await asyncio.to_thread(_read_regular, sandbox.workdir / path)) is not None}
         try:
-            result = await run_suite(package, sources, isolation=sandbox.isolation)
+            result = await run_suite(package, sources, isolation=isolation)
         except JudgeUnavailable as exc:
             raise RewardUnavailable(f"{exc}; check the sandbox backend", spec=self.name) from exc
-        total = (await asyncio.to_thread(package_record, task.package, sandbox.isolation))["tests"]
-        return RewardResult(result.score(total), extra={
-            "tests_passed": min(result.passed, total), "tests_total": total, "suite_status": result.status})
+        except PackageUnavailable as exc:  # re-scoring on a machine that never built the cache
+            raise RewardUnavailable(str(exc), spec=self.name) from exc
+        expected = (await asyncio.to_thread(package_record, task.package, isolation))["ids"]
+        verdicts = result.verdicts(expected)
+        return RewardResult(result.score(expected), verdicts, extra={"suite_status": result.status})
+
+
+def read_sources(package: str, workdir: Path) -> dict[str, bytes]:
+    """The package's source files (`arl.envs.realbugs.packages.Package.sources`) as ``workdir``
+    holds them: what the judge copies into its pristine tree, and all of it (regular files only,
+    never through a link, bounded in size)."""
+    return {path: data for path in PACKAGES[package].sources
+            if (data := _read_regular(workdir / path)) is not None}
 
 
 def _read_regular(path: os.PathLike[str]) -> bytes | None:
@@ -117,4 +134,4 @@ def _read_regular(path: os.PathLike[str]) -> bytes | None:
     return data if len(data) <= MAX_SOURCE_BYTES else None
 
 
-__all__ = ["AGENT_LIMITS", "PackageTestsSpec", "RealBugFixEnv", "task_for"]
+__all__ = ["AGENT_LIMITS", "PackageTestsSpec", "RealBugFixEnv", "read_sources", "task_for"]
