@@ -182,9 +182,9 @@ def _cmd_rescore(directory: Path) -> int:
         print(f"arl eval: {exc}", file=sys.stderr)
         return 2
     print(format_report(report))
-    from arl.rollout.evaluate import BUGFIX_ENV, read_settings
+    from arl.rollout.evaluate import RESCORED_FROM_FILES, read_settings
 
-    source = ("the files their episodes ended with" if read_settings(directory).rollout.env_id == BUGFIX_ENV
+    source = ("the files their episodes ended with" if read_settings(directory).rollout.env_id in RESCORED_FROM_FILES
               else "their stored replies")
     print(f"rescored {len(report.rows)} rollouts from {source}, {changed} changed score or success: "
           f"{directory / RESCORED_FILE}")
@@ -531,8 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "that started it; other settings are refused, exit 2)")
     where.add_argument("--rescore", default=None, type=Path, metavar="DIR",
                        help="recompute DIR's scores from its stored replies, played again on the game without a model "
-                            "(DIR/rescored.jsonl, rescored_summary.json; step and traj modes, proxy's gym runner); BugFix: "
-                            "its reward spec run again on the files each episode ended with, any agent")
+                            "(DIR/rescored.jsonl, rescored_summary.json; step and traj modes, proxy's gym runner); BugFix, "
+                            "RealBugFix: the reward spec run again on the files each episode ended with, any agent")
     p.set_defaults(func=_cmd_eval)
 
     p = command("demo", "the README demo: the tiny model learns FrozenLake on a CPU (~6 min), into a new run "

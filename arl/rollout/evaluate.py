@@ -41,7 +41,7 @@ from arl.config import RolloutConfig, unstructure
 from arl.rollout.base import EnvManager, Episode, EpisodeSpec
 from arl.rollout.factory import close_manager, make_manager
 from arl.rollout.metrics import error_class
-from arl.rollout.oracle import BUGFIX_ENV
+from arl.rollout.oracle import BUGFIX_ENV, REALBUGS_ENV
 from arl.rollout.records import EXIT_REASONS
 from arl.rollout.scheduler import VAL_BASE_SEED
 
@@ -432,14 +432,19 @@ async def evaluate(
 # ----------------------------------------------------------------------------------------------
 # replaying stored episodes: rescoring and viewing
 
+# envs whose stored episodes are re-scored from the files they ended with (``final_files``) by the
+# module's ``rescore_episode(seed, files)``, not replayed
+RESCORED_FROM_FILES = {BUGFIX_ENV: "arl.envs.bugfix.env", REALBUGS_ENV: "arl.envs.realbugs.env"}
+
 
 def replayable(rollout: RolloutConfig) -> str | None:
     """Why ``rollout``'s stored replies cannot be played again on its game (None: they can).
 
     The step and traj managers and proxy mode's ``gym`` runner send every reply to a `TextEnv`
     of ``rollout.env_id`` as it is; any other agent's env is its own. BugFix rows are not
-    replayed but re-scored from the files they ended with (`rescore_row`), whatever the agent."""
-    if rollout.env_id == BUGFIX_ENV:
+    replayed but re-scored from the files they ended with (`rescore_row`), whatever the agent; so
+    are RealBugFix rows (`RESCORED_FROM_FILES`)."""
+    if rollout.env_id in RESCORED_FROM_FILES:
         return None
     if rollout.mode == "proxy" and rollout.proxy.runner != "gym":
         return (f"rollout.proxy.runner={rollout.proxy.runner!r} plays its own env: its replies cannot be replayed "
@@ -481,7 +486,7 @@ def rescore_row(rollout: RolloutConfig, row: dict[str, Any]) -> dict[str, Any]:
     (an errored row, or one without stored replies, is returned as it is). The exit is the
     replay's where the row ended in the game (terminated or truncated), else the row's own
     (``max_length``: where the context ran out, which a replay cannot see)."""
-    if rollout.env_id == BUGFIX_ENV:
+    if rollout.env_id in RESCORED_FROM_FILES:
         return rescore_files_row(rollout, row)
     replies = row.get("replies")
     if is_error(row) or not replies or any(r is None for r in replies):
@@ -496,11 +501,13 @@ def rescore_row(rollout: RolloutConfig, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def rescore_files_row(rollout: RolloutConfig, row: dict[str, Any]) -> dict[str, Any]:
-    """A BugFix ``row`` scored again by today's reward spec from the files its episode ended with
-    (``final_files``, `arl.envs.bugfix.env.rescore_episode`), no agent replayed. An errored row or
-    one without stored files is returned as it is; a spec that cannot decide makes the row an
-    ``env_error`` with the spec's error (never a 0)."""
-    from arl.envs.bugfix.env import rescore_episode
+    """A BugFix or RealBugFix ``row`` scored again by today's reward spec from the files its
+    episode ended with (``final_files``: `arl.envs.bugfix.env.rescore_episode`,
+    `arl.envs.realbugs.env.rescore_episode`), no agent replayed. An errored row or one without
+    stored files is returned as it is; a spec that cannot decide makes the row an ``env_error``
+    with the spec's error (never a 0)."""
+    import importlib
+
     from arl.envs.reward_spec import RewardError
     from arl.sandbox.backends import set_default_backend
 
@@ -508,6 +515,7 @@ def rescore_files_row(rollout: RolloutConfig, row: dict[str, Any]) -> dict[str, 
     if is_error(row) or not isinstance(files, dict):
         return row
     set_default_backend(rollout.sandbox.backend)  # the backend the panel was evaluated with
+    rescore_episode = importlib.import_module(RESCORED_FROM_FILES[rollout.env_id]).rescore_episode
     try:
         result = anyio.run(lambda: rescore_episode(int(row["seed"]), files))
     except RewardError as exc:  # no score decided: an error row (counted apart), not a 0
@@ -578,7 +586,7 @@ def format_report(report: EvalReport) -> str:
 
 
 __all__ = [
-    "CONFIG_FILE", "RESCORED_FILE", "RESCORED_SUMMARY_FILE", "ERROR_EXITS", "RESULTS_FILE", "SUMMARY_FILE", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "error_type", "evaluate",
+    "CONFIG_FILE", "RESCORED_FILE", "RESCORED_FROM_FILES", "RESCORED_SUMMARY_FILE", "ERROR_EXITS", "RESULTS_FILE", "SUMMARY_FILE", "EvalDirError", "EvalReport", "EvalSettings", "aggregate", "default_seeds", "error_type", "evaluate",
     "format_report", "is_error", "last_rows", "parse_seeds", "pass_at_k", "pending", "prepare_dir", "read_rows",
     "read_seeds_file", "read_settings", "replay", "replayable", "rescore", "rescore_files_row", "rescore_row", "result_row",
 ]

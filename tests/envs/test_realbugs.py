@@ -106,3 +106,28 @@ def test_oracle_plays_the_known_fix_in_proxy_mode_only():
     with pytest.raises(ValueError, match="tool-calling agent"):
         check_oracle(rollout)
 
+
+def test_arl_eval_rescore_scores_stored_realbugfix_episodes_from_their_files(capsys, tmp_path):
+    """`arl eval tiny_realbugs_proxy --oracle --out DIR` stores each episode's final package
+    sources (only `Package.sources`, what the judge reads); `arl eval --rescore DIR` scores them
+    again, no agent, no model: the row whose files are put back to the bug loses its 1.0."""
+    from arl.cli import main
+    from arl.rollout import evaluate as ev
+
+    out = tmp_path / "eval"
+    assert main(["eval", "tiny_realbugs_proxy", "--oracle", "--seeds", "9:11", "--out", str(out)]) == 0
+    rows = ev.read_rows(out / ev.RESULTS_FILE)
+    assert len(rows) == 2 and all(r["score"] == 1.0 and r["success"] for r in rows), rows
+    for row in rows:
+        task = task_for(row["seed"])
+        assert set(row["final_files"]) == set(PACKAGES[task.package].sources)
+    task = task_for(rows[0]["seed"])
+    pristine = (ensure_package(PACKAGES[task.package]) / task.path).read_text()
+    rows[0] = {**rows[0], "final_files": {**rows[0]["final_files"], task.path: task.apply(pristine)}}
+    (out / ev.RESULTS_FILE).write_text("".join(ev.json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(["eval", "--rescore", str(out)]) == 0
+    assert "rescored 2 rollouts from the files their episodes ended with, 1 changed" in capsys.readouterr().out
+    rescored = {r["seed"]: r for r in ev.read_rows(out / ev.RESCORED_FILE)}
+    assert 0 < rescored[9]["score"] < 1 and not rescored[9]["success"]
+    assert rescored[10]["score"] == 1.0 and rescored[10]["success"]

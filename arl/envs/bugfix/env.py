@@ -290,6 +290,13 @@ class BugFixEnv(gym.Env):
         """Seed's task (a subclass with other tasks overrides this and `_write_task`)."""
         return generate_task(seed)
 
+    def _final_files(self) -> dict[str, str]:
+        """The work dir's files the reward reads (`final_sources`), as text: the last step's
+        ``info["final_files"]``, what `rescore_episode` scores again (a subclass whose reward reads
+        other files overrides this)."""
+        assert self.sandbox is not None
+        return final_sources(self.sandbox.workdir)
+
     def _write_task(self) -> None:
         """Put the task's files into the fresh sandbox's work dir."""
         assert self.sandbox is not None and self.task is not None
@@ -358,7 +365,7 @@ class BugFixEnv(gym.Env):
         raw_obs = await asyncio.to_thread(self.state_text)
         final_files: dict[str, str] | None = None
         if terminated or truncated:
-            final_files = await asyncio.to_thread(final_sources, self.sandbox.workdir)
+            final_files = await asyncio.to_thread(self._final_files)
             reward = await self._evaluate()
             ending = (f"Episode over ({'submitted' if submitted else 'step limit'}): "
                       f"{self.last_eval['passed']}/{self.last_eval['total']} hidden tests pass.")
@@ -453,16 +460,19 @@ def final_sources(workdir: Path) -> dict[str, str]:
 
 
 async def rescore_episode(seed: int, files: dict[str, str], spec: RewardSpec | None = None, *,
-                          limits: SandboxLimits | None = None, isolation: str | None = None) -> Any:
+                          limits: SandboxLimits | None = None, isolation: str | None = None, task: Any = None) -> Any:
     """Score a stored BugFix episode again without replaying it: task ``seed``'s final ``files``
     (`final_sources`, stored as ``info["final_files"]``) written into a fresh sandbox and scored by
-    ``spec`` (None: the current `HiddenTestsSpec`). Returns its `arl.envs.reward_spec.RewardResult`;
-    a spec that cannot decide raises its `arl.envs.reward_spec.RewardError`."""
+    ``spec`` (None: the current `HiddenTestsSpec`). ``task``: the spec's task record (None: BugFix's
+    task of ``seed``; `arl.envs.realbugs.env.rescore_episode` passes its own). Returns its
+    `arl.envs.reward_spec.RewardResult`; a spec that cannot decide raises its
+    `arl.envs.reward_spec.RewardError`."""
     from arl.envs.reward_spec import rescore_files
 
     sandbox = open_sandbox(limits or SandboxLimits(), backend=isolation, python=True, hide=[ARL_PACKAGE])
     data = {name: text.encode("utf-8", "surrogateescape") for name, text in files.items()}
-    return await rescore_files(spec if spec is not None else HiddenTestsSpec(), generate_task(int(seed)), data, sandbox)
+    return await rescore_files(spec if spec is not None else HiddenTestsSpec(),
+                               generate_task(int(seed)) if task is None else task, data, sandbox)
 
 
 __all__ = ["EVAL_LIMITS", "PULL_MODE_REFUSAL", "TOOLS", "BugFixEnv", "HiddenTestsUnavailable", "final_sources", "format_result", "rescore_episode",

@@ -83,6 +83,12 @@ class RealBugFixEnv(BugFixEnv):
         for path, data in self._files.items():
             self.sandbox.write_file(path, data)
 
+    def _final_files(self) -> dict[str, str]:
+        """The package's source files as the agent left them (`read_sources`): all the judge reads."""
+        assert self.sandbox is not None and self.bug is not None
+        return {path: data.decode("utf-8", "surrogateescape")
+                for path, data in read_sources(self.bug.package, self.sandbox.workdir).items()}
+
 
 class PackageTestsSpec(RewardSpec):
     """The reward of `RealBugFixEnv`: the share of the package's own tests that pass with the
@@ -121,6 +127,20 @@ def read_sources(package: str, workdir: Path) -> dict[str, bytes]:
             if (data := _read_regular(workdir / path)) is not None}
 
 
+async def rescore_episode(seed: int, files: dict[str, str], spec: RewardSpec | None = None, *,
+                          isolation: str | None = None) -> RewardResult:
+    """Score a stored RealBugFix episode again without replaying it (`arl eval --rescore`): task
+    ``seed``'s final ``files`` (the package's source files as the episode ended with them, stored
+    as its last step's ``info["final_files"]``) scored by ``spec`` (None: `PackageTestsSpec`) in a
+    fresh sandbox, as `arl.envs.bugfix.env.rescore_episode` does for BugFix. Raises the spec's
+    `arl.envs.reward_spec.RewardError` when it cannot decide (e.g. `RewardUnavailable` where the
+    package is not in the cache and PyPI cannot be reached)."""
+    from arl.envs.bugfix.env import rescore_episode as rescore_bugfix
+
+    return await rescore_bugfix(seed, files, spec if spec is not None else PackageTestsSpec(), limits=AGENT_LIMITS,
+                                isolation=isolation, task=task_for(seed))
+
+
 def _read_regular(path: os.PathLike[str]) -> bytes | None:
     """A regular file's bytes (never through a link, at most `MAX_SOURCE_BYTES`), or None."""
     try:
@@ -134,4 +154,4 @@ def _read_regular(path: os.PathLike[str]) -> bytes | None:
     return data if len(data) <= MAX_SOURCE_BYTES else None
 
 
-__all__ = ["AGENT_LIMITS", "PackageTestsSpec", "RealBugFixEnv", "read_sources", "task_for"]
+__all__ = ["AGENT_LIMITS", "PackageTestsSpec", "RealBugFixEnv", "read_sources", "rescore_episode", "task_for"]
