@@ -3,13 +3,27 @@
     .venv/bin/python benchmarks/partial.py               # vLLM engine, 4 x 4 episodes, 6 measured steps per mode
     .venv/bin/python benchmarks/partial.py --quick       # smoke size (hf engine, 2 x 2 episodes, 2 steps)
     .venv/bin/python benchmarks/partial.py --alpha 1.0 --base-s 0.1 rollout.num_groups=8
+    .venv/bin/python benchmarks/partial.py --workload bugfix   # arl/BugFix-v0 through the proxy, scripted engine
 
-The workload: the demo config's game and model (no warm-start, ``rollout.manager.max_turns`` 4), each
+Two workloads (``--workload``):
+
+``game`` (the default): the demo config's game and model (no warm-start, ``rollout.manager.max_turns`` 4), each
 env step followed by a wait that does not block the event loop (as a sandboxed test run or a slow
 tool is awaited): ``base_s x scale``, where each episode's ``scale`` is drawn once from a Pareto
 distribution with tail index ``--alpha`` (minimum 1, capped at ``--cap``), seeded by the episode's
-group and member, so every mode plays the same episodes' latencies. One engine serves every mode;
-each mode trains a fresh policy (the same initial weights) for ``--steps`` steps:
+group and member, so every mode plays the same episodes' latencies.
+
+``bugfix``: configs/tiny_bugfix_proxy.yaml as it is (arl/BugFix-v0, the tiny model, the tool-calling
+runner through the in-process proxy, its commands and its hidden-test judge in the sandbox) on the
+scripted engine (the config's tool-call script: ``ls``, view, submit, cycled over every request),
+no added latency: an episode's env time is what its sandbox commands and its test run take
+(``timings["total"]`` - ``"generate"`` - ``"paused"``: everything but the engine and the update's
+gate). The tail is the environment's own, whatever it is; the summary line says it.
+``engine.backend=vllm`` plays it with the tiny model instead (which calls no tool: every episode
+runs to its step limit, whose last step runs the tests).
+
+One engine serves every mode; each mode trains a fresh policy (the same initial weights) for
+``--steps`` steps:
 
 - sync: ``rollout.partial.enabled=false``: every step waits for its slowest episode;
 - spare k: ``rollout.spare_groups=k``: the first num_groups whole groups train, the rest are cancelled;
@@ -49,6 +63,10 @@ RUN_OVERRIDES = ["eval.at_start=false", "eval.every=0", "eval.num_seeds=2", "eva
                  "tensorboard=false", "save_every=0", "sft.steps=0", "rollout.manager.max_turns=4",
                  "rollout.num_groups=4", "rollout.group_size=4", "canary_every=0"]
 QUICK_OVERRIDES = ["engine.backend=hf", "rollout.num_groups=2", "rollout.group_size=2", "rollout.manager.max_turns=3"]
+# the bugfix workload keeps its config's episode limits (max_turns 4 = the env's max_steps: the last step judges)
+BUGFIX_OVERRIDES = [o for o in RUN_OVERRIDES if not o.startswith("rollout.manager.max_turns")] + [
+    "engine.backend=scripted", "rollout.num_groups=2", "rollout.group_size=4"]
+BUGFIX_QUICK_OVERRIDES = ["rollout.num_groups=1", "rollout.group_size=2"]
 
 
 def episode_scale(group_id: str, member: int, alpha: float, cap: float) -> float:
@@ -92,6 +110,31 @@ def long_tail_manager(engine: Any, config: Any, args: argparse.Namespace) -> Any
     return LongTail(engine, config.rollout.manager)
 
 
+def counted_manager(engine: Any, config: Any) -> Any:
+    """The manager the config builds (the bugfix workload's proxy manager), counting the response
+    tokens it is served and the env time of every episode that ends: its wall time less the
+    engine's and the update gate's (the proxy's env steps run inside the agent, untimed)."""
+    from arl.rollout.factory import make_manager
+
+    manager = make_manager(engine, config.rollout)
+    manager.generated, manager.env_s = 0, []
+    generate, run_episode = manager.generate, manager.run_episode
+
+    async def counting_generate(traj, *args, **kwargs):
+        gen = await generate(traj, *args, **kwargs)
+        manager.generated += sum(len(g.token_ids) for g in (gen if isinstance(gen, list) else [gen]))
+        return gen
+
+    async def timed_run_episode(spec):
+        episode = await run_episode(spec)
+        t = episode.trajectory.timings
+        manager.env_s.append(t["total"] - t.get("generate", 0.0) - t.get("paused", 0.0))
+        return episode
+
+    manager.generate, manager.run_episode = counting_generate, timed_run_episode  # what the proxy and scheduler call
+    return manager
+
+
 MODES = {
     "sync": lambda k, age: [],
     "spare": lambda k, age: [f"rollout.spare_groups={k}"],
@@ -103,19 +146,25 @@ MODES = {
 async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     from arl.config import load_config
     from arl.engine import make_engine
+    from arl.rollout.factory import close_manager
     from arl.train import Trainer
+
+    run_overrides = BUGFIX_OVERRIDES if args.workload == "bugfix" else RUN_OVERRIDES
 
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as out:
-        base = load_config(args.config, [*RUN_OVERRIDES, *args.overrides, f"out_dir={out}", "name=engine"])
+        base = load_config(args.config, [*run_overrides, *args.overrides, f"out_dir={out}", "name=engine"])
         engine = make_engine(base.engine)
         try:
             for mode in args.modes:
                 name = mode if mode == "sync" else f"{mode} {args.k}"
-                config = load_config(args.config, [*RUN_OVERRIDES, *args.overrides, f"out_dir={out}",
+                config = load_config(args.config, [*run_overrides, *args.overrides, f"out_dir={out}",
                                                    f"name={mode}", f"steps={args.steps + 1}",
                                                    *MODES[mode](args.k, args.max_age)])
-                manager = long_tail_manager(engine, config, args)
+                if args.workload == "bugfix":
+                    manager = counted_manager(engine, config)
+                else:
+                    manager = long_tail_manager(engine, config, args)
                 trained = [0]
                 async with Trainer(config, engine=engine, manager=manager) as trainer:
                     await trainer.setup()
@@ -131,6 +180,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                     wall = time.perf_counter() - started
                     in_flight = (sum(trainer.groups.gate.tokens[g] for g in trainer.groups.in_flight)
                                  if trainer.partial else 0)
+                await close_manager(manager)  # injected: the trainer leaves it open
                 steps = [r for r in rows if "timing/step_s" in r][:-1]  # the last step also evaluates
 
                 def mean(key: str, steps: list = steps) -> float | None:
@@ -174,7 +224,9 @@ def summarize(results: dict[str, dict[str, Any]]) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. rollout.num_groups=8")
-    parser.add_argument("--config", default=str(REPO / "configs" / "tiny_frozenlake_gigpo.yaml"))
+    parser.add_argument("--workload", choices=("game", "bugfix"), default="game",
+                        help="game: the demo game with a Pareto env wait; bugfix: arl/BugFix-v0's own env time")
+    parser.add_argument("--config", default=None, help="default: the workload's (tiny_frozenlake_gigpo, tiny_bugfix_proxy)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--k", type=int, default=2, help="spare groups / carried-over groups")
     parser.add_argument("--max-age", type=int, default=2, help="rollout.partial.max_age")
@@ -185,20 +237,29 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke size: hf engine, 2 x 2 episodes, 2 steps")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/partial.json")
     args = parser.parse_args()
+    if args.config is None:
+        name = "tiny_bugfix_proxy" if args.workload == "bugfix" else "tiny_frozenlake_gigpo"
+        args.config = str(REPO / "configs" / f"{name}.yaml")
     if args.quick:
-        args.overrides, args.steps, args.base_s = [*QUICK_OVERRIDES, *args.overrides], 2, 0.02
+        quick = BUGFIX_QUICK_OVERRIDES if args.workload == "bugfix" else QUICK_OVERRIDES
+        args.overrides, args.steps, args.base_s = [*quick, *args.overrides], 2, 0.02
     started = time.perf_counter()
     results = asyncio.run(run(args))
     lines = summarize(results)
-    print(f"Partial rollouts, {Path(args.config).name} {' '.join(args.overrides)}: env wait {args.base_s} s x "
-          f"Pareto({args.alpha}) per episode (cap {args.cap}), {args.steps} measured steps per mode")
+    if args.workload == "bugfix":
+        print(f"Partial rollouts, {Path(args.config).name} {' '.join(args.overrides)}: the env's own time "
+              f"(sandbox commands, hidden tests), {args.steps} measured steps per mode")
+    else:
+        print(f"Partial rollouts, {Path(args.config).name} {' '.join(args.overrides)}: env wait {args.base_s} s x "
+              f"Pareto({args.alpha}) per episode (cap {args.cap}), {args.steps} measured steps per mode")
     print(table(HEADER, lines))
     if "sync" in results and results["sync"]["env_s"]:
         env = results["sync"]["env_s"]
         med = statistics.median(env)
         print(f"episode env time (sync, {len(env)} episodes): median {med:.2f} s, max {max(env):.2f} s, "
               f"max / median {max(env) / med:.1f}")
-    write_result(args.out or result_path("partial", args.quick), args, {"results": results, "table": lines}, started)
+    name = "partial-bugfix" if args.workload == "bugfix" else "partial"
+    write_result(args.out or result_path(name, args.quick), args, {"results": results, "table": lines}, started)
 
 
 if __name__ == "__main__":

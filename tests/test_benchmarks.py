@@ -144,6 +144,19 @@ def test_partial_quick(tmp_path):
     assert max(sync["env_s"]) > 5 * sorted(sync["env_s"])[len(sync["env_s"]) // 2]  # the workload's long tail
 
 
+def test_partial_bugfix_quick(tmp_path):
+    """The BugFix workload (arl/BugFix-v0 through the proxy, the scripted engine): every mode trains,
+    sync all it generates, partial what it generated less what is still in flight or was dropped;
+    every sync episode's env time (its sandbox commands and test run) is measured."""
+    result = _run("partial.py", tmp_path, "--workload", "bugfix")
+    assert result["meta"]["args"]["workload"] == "bugfix"
+    results = result["results"]
+    sync, partial = results["sync"], results["partial 2"]
+    assert sync["generated"] == sync["trained"] > 0 and sync["wasted"] == 0
+    assert partial["generated"] == partial["trained"] + partial["in_flight"] + partial["wasted"] and partial["trained"] > 0
+    assert len(sync["env_s"]) == 3 * 2 and min(sync["env_s"]) > 0  # (2 + 1 evaluating) steps x 1 group x 2
+
+
 @pytest.mark.vllm
 def test_learning_quick(tmp_path):
     result = _run("learning.py", tmp_path, timeout=180)  # ~50 s on 2 cores; the smoke size must stay < 90 s
