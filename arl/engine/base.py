@@ -469,8 +469,8 @@ class BaseEngine(abc.ABC):
     async def _generate_images_n(self, rendered: RenderedPrompt, params: SamplingParams) -> list[Generation]:
         """Sample `params.n` completions of a rendered image prompt (each Generation's
         ``prompt_token_ids`` the ids the backend ran). Backends that take images override it."""
-        raise EngineUnsupportedError(f"the {self.name} engine does not take image prompts (the vllm, hf and "
-                                     "scripted engines do)")
+        raise EngineUnsupportedError(f"the {self.name} engine does not take image prompts (the vllm, vllm-async, "
+                                     "hf and scripted engines do)")
 
     @abc.abstractmethod
     async def _update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -41,10 +41,9 @@ from arl.engine.base import (
     InvalidPromptError,
     LoRAAdapter,
     SamplingParams,
-    TooManyImagesError,
 )
 from arl.engine.handoff import Abort, Add, Pending, fail_queued, post, release, take_all
-from arl.engine.vllm_args import VLLMBackend, in_engine_dtype, to_generations, to_vllm_params
+from arl.engine.vllm_args import VLLMBackend, in_engine_dtype, to_generations, to_vllm_params, to_vllm_prompt
 from arl.engine.vllm_lora import ServedAdapter
 
 _log = logging.getLogger(__name__)
@@ -208,10 +207,7 @@ class VLLMEngine(VLLMBackend):
         adapter = self._adapter
         lora = {"lora_request": adapter.request} if adapter is not None else {}
         try:
-            prompt: dict[str, Any] = {"prompt_token_ids": cmd.prompt}
-            if cmd.pending.images:  # vLLM expands the placeholders with arl's processor (arl.engine.vllm_vision)
-                prompt["multi_modal_data"] = {"image": list(cmd.pending.images)}
-            self._engine.add_request(cmd.rid, prompt, cmd.params, **lora)
+            self._engine.add_request(cmd.rid, to_vllm_prompt(cmd.prompt, cmd.pending.images), cmd.params, **lora)
         except Exception as exc:  # this request only: its caller gets the error, the engine serves on
             post(cmd.pending, _rejected(exc))
         else:
@@ -255,15 +251,6 @@ class VLLMEngine(VLLMBackend):
         fail_queued(self._inbox, exc)
 
     # -- facade ----------------------------------------------------------------------------------
-    async def _generate_images_n(self, rendered: Any, params: SamplingParams) -> list[Generation]:
-        # vLLM gets the ids with one placeholder an image and expands them itself, with the renderer's
-        # processor; BaseEngine.generate checks that what it ran equals the renderer's expansion.
-        if len(rendered.images) > self.max_images:
-            raise TooManyImagesError(
-                f"{len(rendered.images)} images in one prompt; this vLLM engine takes at most {self.max_images} "
-                "(start it with a larger limit_mm_per_prompt={'image': N}, e.g. engine.extra)")
-        return await self._generate_n(list(rendered.prompt.token_ids), params, rendered)
-
     async def _generate_n(self, prompt: list[int], params: SamplingParams, rendered: Any = None) -> list[Generation]:
         if self._dead is not None:
             raise EngineError(f"vLLM engine is dead after an earlier failure: {self._dead!r}")

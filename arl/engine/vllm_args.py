@@ -23,6 +23,7 @@ from arl.engine.base import (
     Generation,
     OutputConstraint,
     SamplingParams,
+    TooManyImagesError,
 )
 from arl.engine.vllm_lora import AdapterStore, ServedAdapter, lora_enabled
 
@@ -197,7 +198,13 @@ class VLLMBackend(BaseEngine):
         if vision:  # vLLM sizes its encoder budget by this; more images a prompt are refused (TooManyImagesError)
             kw.setdefault("limit_mm_per_prompt", {"image": 8})
         self.max_images = int(kw["limit_mm_per_prompt"].get("image", 0)) if vision else 0
-        vllm_engine = self._start(kw)
+        if vision:  # vllm-async's engine-core process applies the same change (vllm_vision.vllm_plugin)
+            from arl.engine.vllm_vision import vision_env
+
+            with vision_env(model):
+                vllm_engine = self._start(kw)
+        else:
+            vllm_engine = self._start(kw)
         cfg = vllm_engine.model_config
         self._dtype = cfg.dtype  # what pushed weights are cast to
         super().__init__(vllm_engine.get_tokenizer(), cfg.max_model_len, cfg.get_vocab_size())
@@ -218,8 +225,32 @@ class VLLMBackend(BaseEngine):
     def _serve_requests(self) -> None:
         """Start serving requests, once the engine and the state above are in place (default: nothing)."""
 
+    @abc.abstractmethod
+    async def _generate_n(self, prompt: list[int], params: SamplingParams, rendered: Any = None) -> list[Generation]:
+        """``params.n`` completions of ``prompt``; with ``rendered`` (an image prompt), ``prompt`` holds one
+        placeholder an image and vLLM expands it with the images (`to_vllm_prompt`)."""
+
+    async def _generate_images_n(self, rendered: Any, params: SamplingParams) -> list[Generation]:
+        # vLLM gets the ids with one placeholder an image and expands them itself, with the renderer's
+        # processor; BaseEngine.generate checks that what it ran equals the renderer's expansion.
+        if len(rendered.images) > self.max_images:
+            raise TooManyImagesError(
+                f"{len(rendered.images)} images in one prompt; this vLLM engine takes at most {self.max_images} "
+                "(start it with a larger limit_mm_per_prompt={'image': N}, e.g. engine.extra)")
+        return await self._generate_n(list(rendered.prompt.token_ids), params, rendered)
+
+
+def to_vllm_prompt(prompt: list[int], images: tuple[Any, ...] = ()) -> dict[str, Any]:
+    """vLLM's token prompt: the ids, and for an image prompt its images (``multi_modal_data``), each
+    standing as one placeholder in the ids: vLLM expands them with the renderer's processor
+    (`arl.engine.vllm_vision`)."""
+    out: dict[str, Any] = {"prompt_token_ids": prompt}
+    if images:
+        out["multi_modal_data"] = {"image": list(images)}
+    return out
+
 
 __all__ = [
     "VLLMBackend", "configure_vllm_env", "engine_kwargs", "in_engine_dtype", "to_generations", "to_vllm_constraint",
-    "to_vllm_params",
+    "to_vllm_params", "to_vllm_prompt",
 ]

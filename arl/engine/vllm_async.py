@@ -49,7 +49,7 @@ from arl.engine.base import (
     LoRAAdapter,
     SamplingParams,
 )
-from arl.engine.vllm_args import VLLMBackend, in_engine_dtype, to_generations, to_vllm_params
+from arl.engine.vllm_args import VLLMBackend, in_engine_dtype, to_generations, to_vllm_params, to_vllm_prompt
 from arl.engine.vllm_lora import ServedAdapter
 
 T = TypeVar("T")
@@ -130,6 +130,10 @@ class AsyncVLLMEngine(VLLMBackend):
     name = "vllm-async"
 
     def _start(self, kw: dict[str, Any]) -> Any:
+        if self.max_images:  # a VLM: the engine core, another process, needs arl's vLLM plugin
+            from arl.engine.vllm_vision import check_plugin
+
+            check_plugin()
         # A user-supplied extension must subclass WeightSyncExtension or update_weights breaks.
         kw.setdefault("worker_extension_cls", EXTENSION)
         # Stats are only consumed by vLLM's loggers; the library never logs, so skip collecting.
@@ -186,19 +190,25 @@ class AsyncVLLMEngine(VLLMBackend):
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     # -- generate ---------------------------------------------------------------------------------
-    async def _generate_n(self, prompt: list[int], params: SamplingParams) -> list[Generation]:
-        vparams = to_vllm_params(params, self.max_new_tokens(len(prompt), params))
+    async def _generate_n(self, prompt: list[int], params: SamplingParams, rendered: Any = None) -> list[Generation]:
+        ran = len(rendered.input_ids) if rendered is not None else len(prompt)  # the context it takes
+        try:
+            vparams = to_vllm_params(params, self.max_new_tokens(ran, params))
+        except Exception as exc:
+            raise _translate(exc) from exc
         rid = f"arl-async-{next(self._ids)}"
         version = self.policy_version
+        images = tuple(rendered.images) if rendered is not None else ()
         try:
-            out, adapter_version = await self.on_engine_loop(self._run(rid, prompt, vparams))
+            out, adapter_version = await self.on_engine_loop(self._run(rid, to_vllm_prompt(prompt, images), vparams))
         except EngineError:
             raise
         except Exception as exc:
             raise _translate(exc) from exc
-        return to_generations(out, len(prompt), version if adapter_version is None else adapter_version)
+        return to_generations(out, len(prompt), version if adapter_version is None else adapter_version,
+                              images=bool(images))
 
-    async def _run(self, rid: str, prompt: list[int], vparams: Any) -> tuple[Any, int | None]:
+    async def _run(self, rid: str, prompt: dict[str, Any], vparams: Any) -> tuple[Any, int | None]:
         """On the engine loop: drive one request to its final output (FINAL_ONLY: one item), on the
         current adapter if there is one; returns the output and that adapter's policy version."""
         task = asyncio.current_task()
@@ -219,7 +229,7 @@ class AsyncVLLMEngine(VLLMBackend):
         self._running += 1
         self._idle.clear()
         try:
-            async for out in self._llm.generate({"prompt_token_ids": prompt}, vparams, rid, **lora):
+            async for out in self._llm.generate(prompt, vparams, rid, **lora):
                 final = out
         except asyncio.CancelledError:
             if self._closing:  # cancelled by close(), not by the caller: report it as an error
@@ -265,6 +275,8 @@ class AsyncVLLMEngine(VLLMBackend):
         # hold blocks (those keep their stale prefix; new ones recompute). keep_kv: reused on purpose.
         if not keep_kv:
             await self._llm.reset_prefix_cache()
+        if self.image_renderer is not None:  # image features computed by the old vision tower are stale
+            await self._llm.reset_encoder_cache()
         await self._serve(None)  # new weights are a new policy: an adapter trained on the old base is dropped
 
     # -- LoRA adapters ----------------------------------------------------------------------------

@@ -17,14 +17,25 @@ before the engine starts, and only where torchvision is missing:
    and declares images only (no video), which is all arl sends.
 
 Where torchvision works (GPU machines, stock vLLM) nothing is changed but 2.'s processor: vLLM
-serves the model as it ships. vLLM must run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-arl's default: `arl.engine.vllm_args.configure_vllm_env`).
+serves the model as it ships.
+
+Both changes live in the process that makes them. The in-process backend (``vllm``,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``) needs nothing more; ``vllm-async`` runs its engine core in a
+spawned child process, which loads the model and profiles the vision encoder with its own
+imports. `vllm_plugin` carries them there: it is a vLLM general plugin (setup.cfg's
+``vllm.general_plugins`` entry point, registered by ``pip install -e .``), which vLLM runs in
+every process it starts, and it calls `enable_vision` on the model named in ``$ARL_VLLM_VISION``:
+`vision_env` sets that variable while a backend starts vLLM, so the plugin does nothing in any
+other use of vLLM in the environment.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +45,7 @@ _ARCHITECTURES = {
     "qwen2_5_vl": ("vllm.model_executor.models.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
 }
 _REGISTERED: dict[str, Any] = {}
+ENV = "ARL_VLLM_VISION"  # the model directory vllm_plugin enables, in each process vLLM starts
 
 
 def _torchvision_missing() -> bool:
@@ -106,4 +118,50 @@ def enable_vision(model: str) -> bool:
     return True
 
 
-__all__ = ["enable_vision", "model_config"]
+def vllm_plugin() -> None:
+    """vLLM's general-plugin hook (setup.cfg: ``vllm.general_plugins``, ``arl_vision``): vLLM calls
+    it, without arguments, in its own process and in each one it starts (engine core, workers, the
+    model-inspection subprocess). It enables vision for the model ``$ARL_VLLM_VISION`` names
+    (`vision_env`), and does nothing where that is unset."""
+    model = os.environ.get(ENV)
+    if model:
+        enable_vision(model)
+
+
+PLUGIN = "arl_vision"  # the entry point's name in setup.cfg
+
+
+def check_plugin() -> None:
+    """`EngineUnsupportedError` unless vLLM will find `vllm_plugin` in the processes it starts (a
+    backend whose engine core is another process, serving a VLM, calls this first: vLLM's own
+    failure there is "failed to be inspected", from a child process's log)."""
+    from importlib.metadata import entry_points
+
+    from arl.engine.base import EngineUnsupportedError
+
+    found = [e for e in entry_points(group="vllm.general_plugins") if e.name == PLUGIN]
+    if not found or found[0].value != f"{__name__}:vllm_plugin":
+        raise EngineUnsupportedError(
+            f"vllm-async cannot serve images: arl's vLLM plugin ({PLUGIN!r} in setup.cfg's vllm.general_plugins) is "
+            "not registered in this environment, so vLLM's engine-core process cannot load the vision model. "
+            "Reinstall arl (make install, or pip install -e .); a stale arl.egg-info in the source tree, older "
+            "than setup.cfg, hides the installed entry points when Python runs from there: delete it. "
+            "Or use engine.backend=vllm, which serves images in this process.")
+
+
+@contextlib.contextmanager
+def vision_env(model: str) -> Iterator[None]:
+    """``$ARL_VLLM_VISION`` = ``model`` while the block runs (a backend starting vLLM, whose child
+    processes inherit it and run `vllm_plugin`), restored after."""
+    old = os.environ.get(ENV)
+    os.environ[ENV] = str(model)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
+
+
+__all__ = ["ENV", "PLUGIN", "check_plugin", "enable_vision", "model_config", "vision_env", "vllm_plugin"]

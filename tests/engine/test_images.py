@@ -209,6 +209,27 @@ async def test_hf_text_model_refuses_images(hf_engine):
         await hf_engine.generate(ImagePrompt([1, 2, 3], [frame()]))
 
 
+def test_the_vllm_plugin_is_registered_and_enables_only_the_named_model(vl_path, monkeypatch):
+    """vllm-async's engine core gets arl's vision change through the ``vllm.general_plugins`` entry
+    point (setup.cfg): installed, it is found; where it is not, vllm-async says so in arl's words."""
+    import importlib.metadata
+
+    from arl.engine import vllm_vision
+    from arl.engine.base import EngineUnsupportedError
+
+    vllm_vision.check_plugin()  # make install registered it
+    calls: list[str] = []
+    monkeypatch.setattr(vllm_vision, "enable_vision", calls.append)
+    monkeypatch.delenv(vllm_vision.ENV, raising=False)
+    vllm_vision.vllm_plugin()  # any other use of vLLM in this environment: nothing happens
+    with vllm_vision.vision_env(vl_path):
+        vllm_vision.vllm_plugin()
+    assert calls == [vl_path] and vllm_vision.ENV not in __import__("os").environ
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: [])
+    with pytest.raises(EngineUnsupportedError, match="make install"):
+        vllm_vision.check_plugin()
+
+
 # -- vLLM: the engine's view == the trainer's view ----------------------------------------------------
 @pytest.fixture(scope="module")
 def vllm_vl(vl_path):
@@ -268,6 +289,44 @@ async def test_vllm_serves_pushed_vlm_weights_as_the_trainer_has_them(vllm_vl, h
     ref = await hf_vl.generate(prompt, greedy)
     assert after.logprobs != before.logprobs
     assert after.token_ids == ref.token_ids and np.allclose(after.logprobs, ref.logprobs, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def vllm_async_vl(vl_path):
+    from arl.engine.vllm_async import AsyncVLLMEngine
+
+    engine = AsyncVLLMEngine(vl_path, max_model_len=512, kv_cache_memory_bytes=64 * 2**20)
+    yield engine
+    asyncio.run(engine.close())
+
+
+@pytest.mark.vllm
+async def test_vllm_async_serves_image_prompts_as_in_process_vllm(vllm_async_vl, vllm_vl, hf_vl, renderer):
+    """vllm-async's engine core (a child process) loads tiny-vl through arl's vLLM plugin
+    (arl.engine.vllm_vision.vllm_plugin) and runs the same expanded ids, tokens and log-probs as
+    in-process vLLM and the trainer's forward, for two images and for a batch of one-image prompts."""
+    # hf_vl holds what vllm_vl serves (a test above may have pushed moved weights into both): push them here too
+    await vllm_async_vl.update_weights(hf_vl.model.state_dict().items())
+    ids = chat_ids(vllm_vl.tokenizer, 2)
+    frames = [frame("arl/Sokoban-v0", 2), frame()]
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    gen = await vllm_async_vl.generate(ImagePrompt(ids, frames), greedy)
+    ref = await vllm_vl.generate(ImagePrompt(ids, frames), greedy)
+    rendered = renderer.render(ImagePrompt(ids, frames))
+    assert gen.prompt_token_ids == ref.prompt_token_ids == rendered.input_ids
+    assert gen.token_ids == ref.token_ids and np.allclose(gen.logprobs, ref.logprobs, atol=1e-4)
+    assert np.allclose(trainer_logprobs(hf_vl.model, rendered, list(gen.token_ids)), gen.logprobs, atol=1e-4)
+    sampled = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    prompts = [ImagePrompt(chat_ids(vllm_vl.tokenizer), [f]) for f in (frame(seed=1), frame("arl/Sokoban-v0", 5))]
+    ours = await asyncio.gather(*[vllm_async_vl.generate(p, sampled) for p in prompts])
+    theirs = await asyncio.gather(*[vllm_vl.generate(p, sampled) for p in prompts])
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.prompt_token_ids == b.prompt_token_ids and a.token_ids == b.token_ids
+        assert np.allclose(a.logprobs, b.logprobs, atol=1e-4)
+    with pytest.raises(UnreadableImageError):
+        await vllm_async_vl.generate(ImagePrompt(chat_ids(vllm_vl.tokenizer), [b"not an image"]))
+    with pytest.raises(TooManyImagesError, match="at most 8"):
+        await vllm_async_vl.generate(ImagePrompt(chat_ids(vllm_vl.tokenizer, 9), [np.zeros((28, 28, 3), np.uint8)] * 9))
 
 
 async def test_scripted_image_tokens_from_the_config():

@@ -87,11 +87,14 @@ async def test_a_text_model_has_no_image_probe(tiny_path):
 
 
 @pytest.mark.vllm
-async def test_vllm_vlm_canary_probes_an_image_and_catches_a_vision_tower_left_behind(vl_path):
+@pytest.mark.parametrize("backend", ["vllm", "vllm-async"])
+async def test_vllm_vlm_canary_probes_an_image_and_catches_a_vision_tower_left_behind(vl_path, backend):
     from arl.engine.vllm import VLLMEngine
+    from arl.engine.vllm_async import AsyncVLLMEngine
 
     hf = HFEngine(vl_path, max_model_len=512)
-    engine = VLLMEngine(vl_path, max_model_len=512, kv_cache_memory_bytes=64 * 2**20)
+    cls = VLLMEngine if backend == "vllm" else AsyncVLLMEngine  # vllm-async: the image probe in its engine core
+    engine = cls(vl_path, max_model_len=512, kv_cache_memory_bytes=64 * 2**20)
     try:
         trainer = _moved(hf.model, seed=1)
         canary = SyncCanary(engine, trainer, engine.tokenizer)
@@ -110,26 +113,21 @@ async def test_vllm_vlm_canary_probes_an_image_and_catches_a_vision_tower_left_b
     assert np.isfinite(metrics["sync/canary_image_max_abs"])
 
 
-async def test_a_vlm_on_a_backend_without_images_keeps_the_text_probe_and_says_so(vl_path, caplog):
-    """vllm-async serves a VLM's text but refuses image prompts: the image probe turns itself off
-    (one warning), where it would stop every run on that backend at set-up."""
-    import logging
-
-    from arl.engine.base import BaseEngine
+async def test_a_vlm_engine_without_an_image_path_fails_the_check_and_says_so(vl_path):
+    """Every backend serving a VLM takes image prompts (vllm-async too): an engine with a renderer
+    but no image path is broken, and the canary says so instead of leaving the vision tower unwatched."""
+    from arl.engine.base import BaseEngine, EngineUnsupportedError
 
     class TextOnlyBackend(HFEngine):
-        _generate_images_n = BaseEngine._generate_images_n  # the refusal every backend without images has
+        _generate_images_n = BaseEngine._generate_images_n  # the refusal of an engine without images
 
     engine = TextOnlyBackend(vl_path, max_model_len=512)
-    caplog.set_level(logging.WARNING, logger="arl.train.canary")
     try:
         canary = SyncCanary(engine, engine.model, engine.tokenizer)
-        first, second = await canary.check(), await canary.check()
+        with pytest.raises(EngineUnsupportedError, match="does not take image prompts"):
+            await canary.check()
     finally:
         await engine.close()
-    assert set(first) == set(second) == {"sync/canary_max_abs", "sync/canary_mean_abs"}
-    said = [r.getMessage() for r in caplog.records if r.name == "arl.train.canary"]
-    assert len(said) == 1 and "no image probe" in said[0] and "does not take image prompts" in said[0]
 
 
 class _ReplyWithPlaceholder:
