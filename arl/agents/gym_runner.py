@@ -3,7 +3,9 @@
 `GymRunner` sends exactly the conversation `TrajEnvManager` builds token by token (system
 prompt, first user message with the instructions, then one `traj_user_message` per turn; see
 `arl.envs.prompts`), so that intercepting its calls reproduces the manager's samples. Both
-runners are plain agent code: messages in, messages out, no tokens.
+runners are plain agent code: messages in, messages out, no tokens. With ``observation="image"``
+or ``"both"`` GymRunner shows the game's frame as the managers do, first in each prompt's last
+user message, as an OpenAI ``image_url`` content part (a PNG data URL: `arl.engine.images.to_data_url`).
 
 Failures end the episode as data, with the rewards collected so far:
 - the env raises -> status "Failed", exit reason "env_error";
@@ -20,8 +22,11 @@ import traceback
 from typing import Any
 
 from arl.agents.runner import AgentRunner, ChatClient, EpisodeResult, StepReport
+from arl.config import OBSERVATIONS
+from arl.engine.images import to_data_url
 from arl.envs.game import game_state_key
 from arl.envs.prompts import (
+    IMAGE_ONLY_TEXT,
     SYSTEM_PROMPT,
     compact_messages,
     compact_user_message,
@@ -34,8 +39,9 @@ from arl.envs.text import TextEnv
 from arl.envs.tools import ToolEnv
 
 # reported per step beside the state, action and validity; "final_files": the work dir's files a
-# BugFix episode ended with (its last step), what `arl eval --rescore` scores again
-_INFO_KEYS = ("action_effective", "success", "final_files")
+# BugFix episode ended with (its last step), what `arl eval --rescore` scores again; "reward_extra":
+# the numbers its reward spec reported beside the score (`arl.rollout.metrics.reward_extras`)
+_INFO_KEYS = ("action_effective", "success", "final_files", "reward_extra")
 
 
 class _Stop(Exception):
@@ -211,13 +217,21 @@ class GymRunner(_GameRunner):
     ``history_len`` steps and the current observation), exactly what `StepEnvManager` builds.
     ``prompt_style="compact"`` uses the grid-only prompts of `arl.envs.prompts` in either, with
     a ``system_prompt`` turn first when one is given (see `compact_messages`).
+    ``observation`` is `arl.config.ManagerConfig.observation`'s: ``"image"`` / ``"both"`` put the
+    game's frame (``frame()``, FrozenLake and Sokoban) first in each prompt's last user message as
+    an ``image_url`` part, the text then saying `IMAGE_ONLY_TEXT` in place of the grid (``"image"``)
+    or the grid too (``"both"``); the policy must be a VLM (the proxy refuses images otherwise).
     """
 
     def __init__(
         self, client: ChatClient, env_id: str, *, conversation: str = "traj", prompt_style: str = "full",
-        history_len: int = 2, system_prompt: str | None = None, **kwargs: Any,
+        history_len: int = 2, system_prompt: str | None = None, observation: str = "text", **kwargs: Any,
     ) -> None:
         super().__init__(client, env_id, **kwargs)
+        if observation not in OBSERVATIONS:
+            raise ValueError(f"observation must be one of {OBSERVATIONS}, got {observation!r}")
+        self.observation = observation
+        self._game: Any = None  # the episode's game, whose frames the prompts show
         if conversation not in ("traj", "step"):
             raise ValueError(f"conversation must be 'traj' or 'step', got {conversation!r}")
         if prompt_style not in ("full", "compact"):
@@ -235,7 +249,7 @@ class GymRunner(_GameRunner):
         return TextEnv(self.env_id, format_penalty=self.format_penalty, **self.env_kwargs)
 
     def first_messages(self, env: TextEnv, observation: str, limit: int) -> list[dict[str, Any]]:
-        self._history, self._instructions = [], env.instructions
+        self._history, self._instructions, self._game = [], env.instructions, getattr(env, "unwrapped", env)
         return self._prompt(observation, 0, limit)
 
     def assistant_message(self, message: Any) -> dict[str, Any]:
@@ -246,12 +260,33 @@ class GymRunner(_GameRunner):
 
     def record_step(self, state: str, assistant: dict[str, Any], info: dict[str, Any], reward: float) -> None:
         action = history_action(info.get("action"), bool(info.get("action_valid")), assistant["content"])
-        self._history.append((state, action, reward))
+        self._history.append((self._shown(state), action, reward))
 
     def next_messages(self, turn: int, observation: str, limit: int) -> list[dict[str, Any]]:
         return self._prompt(observation, turn, limit)
 
+    def _shown(self, observation: str) -> str:
+        """The text a prompt shows for ``observation`` (`arl.rollout.base.EnvManager.shown`'s rule)."""
+        return IMAGE_ONLY_TEXT if self.observation == "image" else observation
+
     def _prompt(self, observation: str, turn: int, limit: int) -> list[dict[str, Any]]:
+        """`_messages`, the last one showing the game's frame when the prompts show images."""
+        messages = self._messages(self._shown(observation), turn, limit)
+        if self.observation == "text":
+            return messages
+        frame = self._env(self._frame)
+        *head, last = messages
+        return [*head, {**last, "content": [{"type": "image_url", "image_url": {"url": to_data_url(frame)}},
+                                            {"type": "text", "text": last["content"]}]}]
+
+    def _frame(self) -> Any:
+        draw = getattr(self._game, "frame", None)
+        if not callable(draw):
+            raise TypeError(f"{type(self._game).__name__} draws no frames: observation={self.observation!r} needs a "
+                            "game with frame() (FrozenLake, Sokoban)")
+        return draw()
+
+    def _messages(self, observation: str, turn: int, limit: int) -> list[dict[str, Any]]:
         """Messages after ``turn`` steps: the whole next prompt in step conversations (`run_job`
         then starts a new message list), the new user message in traj conversations."""
         compact = self.prompt_style == "compact"

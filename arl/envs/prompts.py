@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# What an observation's text says with observation: image (the grid is in the frame only): the
+# managers' prompts and GymRunner's (arl.agents.gym_runner) alike
+IMAGE_ONLY_TEXT = "(the board is the image above)"
+
 SYSTEM_PROMPT = (
     "You're a helpful assistant. You are a good game player. You are aiming to get high reward in "
     "the game."

@@ -55,11 +55,14 @@ def _memo_key(index: int, message: dict[str, Any], parent: str) -> tuple[Any, ..
     re-sends the same message objects (the usual growing history) looking this tuple up costs a
     few hundred nanoseconds, where `chain_key` JSON-encodes and sha256-hashes the whole content.
     Raw tool-call arguments are used (not the canonical JSON): they determine the canonical form.
+    Content given as parts (a user message with images) is a list, so its JSON stands for it.
     """
+    content = message["content"]
+    if type(content) is not str:
+        content = _JSON.encode(content)
     if len(message) == 2:  # normalized {"role", "content"}, the common case; the length tells it apart
-        return (index, message["role"], message["content"], parent)
+        return (index, message["role"], content, parent)
     calls = tuple(
         (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or ()
     )
-    return (index, message["role"], message["content"], calls, message.get("tool_call_id"), message.get("name"),
-            parent)
+    return (index, message["role"], content, calls, message.get("tool_call_id"), message.get("name"), parent)

@@ -68,10 +68,13 @@ from arl.engine.base import (
     Generation,
     InvalidConstraintError,
     InvalidPromptError,
+    NoVisionTowerError,
     PromptTooLongError,
     SampledWith,
     SamplingParams,
+    UnreadableImageError,
 )
+from arl.engine.image_prompt import ImagePrompt, RenderedPrompt
 from arl.engine.stops import first_prefix, stop_cut
 from arl.intercept.protocol import (
     BadRequest,
@@ -84,9 +87,9 @@ from arl.intercept.protocol import (
 )
 from arl.intercept.responses import ResponseStore
 from arl.intercept.toolcalls import parse_tool_calls
-from arl.intercept.tracker import MessageTracker
+from arl.intercept.tracker import MessageTracker, Prompt
 
-Generate = Callable[[Sequence[int], SamplingParams], Awaitable[Generation]]
+Generate = Callable[[Sequence[int] | ImagePrompt, SamplingParams], Awaitable[Generation]]
 
 _log = logging.getLogger(__name__)
 _WARNED: set[str] = set()  # field names logged once per process (bounded: see _warn_field)
@@ -205,10 +208,12 @@ class ChatHandler:
                 f"not ask for; omit {field} and check the reply in the agent", param=field)
         d, tokenizer = self.defaults, self.tracker.tokenizer
         prompt = self.tracker.prepare(request.messages, request.tools, normalized=True)  # parse_request did
+        rendered = self._render(prompt) if prompt.images else None
+        prompt_len = len(prompt.prompt_ids) if rendered is None else len(rendered.input_ids)
         max_tokens = request.max_tokens or d.max_tokens
         limit = self.max_model_len
-        if limit is not None and len(prompt.prompt_ids) + max_tokens > limit:
-            message = (f"prompt of {len(prompt.prompt_ids)} tokens + max_tokens {max_tokens} exceeds the "
+        if limit is not None and prompt_len + max_tokens > limit:
+            message = (f"prompt of {prompt_len} tokens + max_tokens {max_tokens} exceeds the "
                        f"model's context of {limit} tokens")
             self.fault = ("Finished", "max_length", message)
             raise ContextLengthExceeded(message)
@@ -227,7 +232,7 @@ class ChatHandler:
             constraint=constraint,
         )
         try:
-            gen = await self._generate(prompt.prompt_ids, params)
+            gen = await self._generate(prompt.prompt_ids if rendered is None else rendered.prompt, params)
         except InvalidConstraintError as exc:  # the agent's schema: its request is refused, the episode goes on
             field = "response_format" if request.response_format is not None else "tool_choice"
             raise BadRequest(f"{field}: {exc}", code="invalid_constraint", param=field) from exc
@@ -243,6 +248,8 @@ class ChatHandler:
         if gen.finish_reason == "abort":
             self.fault = ("Failed", "engine_error", "the engine aborted the request")
             raise EngineFailure("the engine aborted the request")
+        if rendered is not None:
+            self._check_image_generation(rendered, gen)
         ids, lps, reason = gen.token_ids, gen.logprobs, gen.finish_reason  # cuts below slice them
 
         def decode(tokens: Sequence[int]) -> str:
@@ -271,7 +278,7 @@ class ChatHandler:
         if calls:
             reply["tool_calls"] = calls
         self.tracker.commit(prompt, ids, lps, reason, reply, gen.policy_version,
-                            sampled_with=SampledWith.of(params, stopped_by_string=stopped_by_string))
+                            sampled_with=SampledWith.of(params, stopped_by_string=stopped_by_string), rendered=rendered)
         finish = "length" if reason == "length" else ("tool_calls" if calls else "stop")
         token_logprobs = None
         if request.logprobs:
@@ -279,9 +286,45 @@ class ChatHandler:
             token_logprobs = list(zip(pieces, lps, strict=True))
         return make_completion(
             completion_id=f"chatcmpl-{label}-{turn}", model=request.model, content=content, tool_calls=calls,
-            finish_reason=finish, prompt_tokens=len(prompt.prompt_ids), completion_tokens=len(ids),
+            finish_reason=finish, prompt_tokens=prompt_len, completion_tokens=len(ids),
             token_logprobs=token_logprobs,
         )
+
+    def _render(self, prompt: Prompt) -> RenderedPrompt:
+        """The engine's rendering of a prompt with images (`BaseEngine.render_images`: its one
+        renderer expands each placeholder and computes the pixels). An image the processor cannot
+        read, or a policy with no vision tower, is a 400 and the episode goes on (the agent may send
+        another); images that fill the context end it ``max_length``, as a text prompt does."""
+        engine = self.engine
+        try:
+            if getattr(engine, "image_renderer", None) is None:
+                raise NoVisionTowerError(
+                    f"the {getattr(engine, 'name', type(engine).__name__)} engine's model has no vision tower: it "
+                    "cannot be shown images (serve a VLM, e.g. the zoo's tiny-vl)")
+            return engine.render_images(ImagePrompt(prompt.prompt_ids, prompt.images))  # type: ignore[no-any-return]
+        except (NoVisionTowerError, UnreadableImageError) as exc:
+            code = "no_vision_tower" if isinstance(exc, NoVisionTowerError) else "unreadable_image"
+            raise BadRequest(str(exc), code=code, param="messages") from exc
+        except PromptTooLongError as exc:  # TooManyImagesError: no room left to generate
+            self.fault = ("Finished", "max_length", str(exc))
+            raise ContextLengthExceeded(str(exc)) from exc
+        except InvalidPromptError as exc:  # e.g. an image placeholder token typed into the text
+            self.fault = ("Failed", "invalid_prompt", str(exc))
+            raise BadRequest(str(exc), code="invalid_prompt") from exc
+
+    def _check_image_generation(self, rendered: RenderedPrompt, gen: Generation) -> None:
+        """The engine ran the ids the tracker's samples will carry, and sampled no image placeholder
+        (a forward would take it for an image's slot): else the episode ends engine_error."""
+        if gen.prompt_token_ids is None or tuple(gen.prompt_token_ids) != tuple(rendered.input_ids):
+            message = (f"the engine ran {gen.prompt_len} prompt ids, not the {len(rendered.input_ids)} expanded ids "
+                       "rendered for the request: image features and image tokens would not match")
+        elif rendered.image_token_id in gen.token_ids:
+            message = (f"the model sampled the image placeholder token (id {rendered.image_token_id}) in its reply: "
+                       "a sample with it cannot be scored (its image tokens would not match)")
+        else:
+            return
+        self.fault = ("Failed", "engine_error", message)
+        raise EngineFailure(message)
 
 
 __all__ = ["ChatHandler", "Generate", "SamplingDefaults"]

@@ -16,7 +16,10 @@ Every request field is honoured or refused, never silently dropped:
   ``top_p``, ``top_k``, ``seed``, ``n`` (1), ``stop`` (strings of any length: `ChatHandler` cuts
   the reply at the first match), ``stream`` and ``stream_options.include_usage``
   (`completion_chunks`), ``logprobs``, ``parallel_tool_calls`` (``false``: the reply is cut after
-  its first tool call, see `ChatHandler`).
+  its first tool call, see `ChatHandler`); ``image_url`` content parts in user messages, inline
+  PNG/JPEG data URLs only (an http(s) URL is refused: arl fetches nothing from the network), shown
+  to a VLM policy through its engine's image renderer (`ChatHandler`; docs/guide.md "Image
+  observations"); their ``detail`` is accepted and has no effect.
 - **Enforced by constrained decoding** (`output_constraint`: an `OutputConstraint` the engine
   applies while it samples, vLLM's structured outputs; on an engine without constrained decoding,
   a 400 naming the field, since an unenforced constraint would train on replies the agent did not
@@ -184,10 +187,84 @@ def _text_content(content: Any, where: str, *, allow_none: bool) -> str | None:
         texts = []
         for k, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    raise _fail(f"{where}.content[{k}]: image parts are accepted in user messages only", where)
                 raise _fail(f"{where}.content[{k}] must be a text part {{'type': 'text', 'text': str}}", where)
             texts.append(part["text"])
         return "".join(texts)
     raise _fail(f"{where}.content must be a string or a list of text parts", where)
+
+
+# The media types an image_url data URL may have: what the chat API documents (PNG, JPEG).
+IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/jpg")
+IMAGE_DETAILS = ("auto", "low", "high")
+
+
+def _image_url(part: dict[str, Any], where: str) -> str:
+    """The data URL of an ``image_url`` content part (validated: PNG/JPEG, base64, inline)."""
+    spec = part.get("image_url")
+    url = spec.get("url") if isinstance(spec, dict) else spec  # some clients send the URL itself
+    if not isinstance(url, str):
+        raise _fail(f"{where}.image_url must be an object {{'url': 'data:image/png;base64,...'}}", where)
+    if isinstance(spec, dict) and spec.get("detail") is not None and spec["detail"] not in IMAGE_DETAILS:
+        raise _fail(f"{where}.image_url.detail must be one of {list(IMAGE_DETAILS)}", where)
+    head = url[:64].split(",", 1)[0].lower()
+    if head.startswith(("http://", "https://")):
+        raise _fail(f"{where}.image_url.url is a web address: arl's proxy fetches nothing from the network; send "
+                    "the image inline as a data URL (data:image/png;base64,...)", where)
+    media = head[len("data:"):].split(";", 1)[0] if head.startswith("data:") else None
+    if media not in IMAGE_MEDIA_TYPES:
+        raise _fail(f"{where}.image_url.url must be a PNG or JPEG data URL (data:image/png;base64,... or "
+                    f"data:image/jpeg;base64,...), got {url[:40]!r}", where)
+    if not head.endswith(";base64") or "," not in url[:80]:
+        raise _fail(f"{where}.image_url.url must be base64 (data:{media};base64,...)", where)
+    return url
+
+
+def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A user message's content: as `_text_content`, or, when it holds ``image_url`` parts, its
+    parts in order as ``{"type": "text", "text"}`` and ``{"type": "image_url", "image_url": {"url"}}``
+    (the data URL checked; ``detail`` is accepted and has no effect: the model's processor sizes
+    every image the same way)."""
+    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") == "image_url"
+                                                for p in content):
+        return _text_content(content, where, allow_none=False)  # type: ignore[return-value]
+    parts: list[dict[str, Any]] = []
+    for k, part in enumerate(content):
+        at = f"{where}.content[{k}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image_url":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(part, at)}})
+        elif kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        else:
+            raise _fail(f"{at} must be a text part {{'type': 'text', 'text': str}} or an image part "
+                        "{'type': 'image_url', 'image_url': {'url': 'data:image/png;base64,...'}}", where)
+    return parts
+
+
+def message_images(message: dict[str, Any]) -> tuple[str, ...]:
+    """The data URLs of a normalized message's image parts, in order (none for text content).
+
+    >>> message_images({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]})
+    ('data:x',)
+    """
+    content = message.get("content")
+    if type(content) is str or not content:
+        return ()
+    return tuple(p["image_url"]["url"] for p in content if p.get("type") == "image_url")
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """A normalized message's text: its content, or the text of its parts joined (images left out).
+
+    >>> message_text({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]})
+    'a'
+    """
+    content = message["content"]
+    if type(content) is str:
+        return content
+    return "".join(p["text"] for p in content if p.get("type") == "text")
 
 
 def _tool_call(call: Any, where: str) -> dict[str, Any]:
@@ -211,7 +288,8 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
 def normalize_message(message: Any, index: int) -> dict[str, Any]:
     """Validate one message and return its canonical form.
 
-    Canonical: ``role``; ``content`` a string ("" for an assistant message with no content);
+    Canonical: ``role``; ``content`` a string ("" for an assistant message with no content), or
+    for a user message with ``image_url`` parts its list of text and image parts (`_user_content`);
     assistant ``tool_calls`` (when any) as ``{id, type, function: {name, arguments: str}}``;
     ``tool_call_id`` on tool messages; ``name`` when given. Other keys are dropped.
     """
@@ -236,6 +314,8 @@ def normalize_message(message: Any, index: int) -> dict[str, Any]:
         out["content"] = _text_content(message.get("content"), where, allow_none=True) or ""
         if calls:
             out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{k}]") for k, c in enumerate(calls)]
+    elif role == "user":
+        out["content"] = _user_content(message.get("content"), where)
     else:
         out["content"] = _text_content(message.get("content"), where, allow_none=False)
         if role == "tool":

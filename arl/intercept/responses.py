@@ -149,6 +149,10 @@ def _text(content: Any, where: str) -> str:
     texts = []
     for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image":
+            raise _fail(f"{where}.content[{k}] of type 'input_image' is not supported: arl's Responses API reads "
+                        "text parts only; send images as image_url parts (data URLs) through POST /v1/chat/completions",
+                        where)
         if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
             what = f"of type {kind!r} " if isinstance(kind, str) else ""
             raise _fail(f"{where}.content[{k}] {what}is not supported: arl's model reads text parts only "

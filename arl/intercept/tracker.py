@@ -55,6 +55,15 @@ tokens the engine sampled. The tracker bridges the two for one episode:
   fallback: `ProxyEnvManager` keys a step on the game's ``state_key()`` the runner reports (arl's
   runners do), or the observation text it reports, before this message hash.
 
+- **Images.** A user message's ``image_url`` parts (`arl.intercept.protocol`) render as one image
+  placeholder token each in its segment; the node keeps their data URLs, so a prompt's images are
+  its nodes' in order (``Prompt.images``) and a message's key names its images too. The handler
+  has the engine render such a prompt and commits its `RenderedPrompt` (``Request.rendered``): a
+  step sample's input ids are those expanded ids, a traj sample's begin with its last request's
+  (`expand_images`: the image tokens are context, every other token keeps its mask and log-prob),
+  and each carries that rendering (``TrackedSample.rendered``). A reply holds no image, so a branch's
+  last request shows every image of its sample; with ``granularity="traj"`` an earlier request's
+  rendering is let go when its branch is extended, so the pixels stay linear in the episode too.
 - **Memory linear in the episode.** Every request re-sends the whole history, so a committed
   request that kept its own prompt (ids and message list) would make an episode's memory
   quadratic in its length. Each branch instead keeps its path's tokens as one append-only list,
@@ -82,7 +91,7 @@ from arl.engine.prompt import PromptView
 from arl.engine.tokens import TokenRow
 from arl.envs.game import state_hash
 from arl.intercept.chain_keys import _memo_key, _tools_json, _tools_key, chain_key
-from arl.intercept.protocol import normalize_message
+from arl.intercept.protocol import message_images, message_text, normalize_message
 from arl.intercept.template import _DUMMY, TemplateError, _render, _Template, _template
 
 _log = logging.getLogger(__name__)
@@ -103,6 +112,7 @@ class Node:
     owner: int | None = None  # branch that generated it
     request: int | None = None  # request that generated it
     sampled_with: SampledWith | None = None  # how its generated tokens were drawn
+    images: tuple[str, ...] = ()  # its image parts' data URLs: one image placeholder token each in `ids`
 
 
 @renamed_fields(state_hash="state_key")
@@ -123,6 +133,7 @@ class Prompt:
     observation: str | None
     state_key: str | None  # the message-source state key: the hash of `observation`
     depth: int = 0  # number of messages
+    images: tuple[str, ...] = ()  # every image of its messages in order (one placeholder each in prompt_ids)
 
 
 @attrs.define(eq=False)
@@ -139,6 +150,10 @@ class Request:
     closing: list[int] = attrs.Factory(list)  # end-of-turn added after a response cut at max_tokens
     branch: int = -1
     sampled_with: SampledWith | None = None  # how response_ids were drawn
+    # the engine's rendering of an image prompt (`arl.engine.image_prompt.RenderedPrompt`): the expanded
+    # ids it ran and their pixels; None for a text prompt, or once a later request of its branch holds
+    # every image (granularity "traj", see `_assign`)
+    rendered: Any = None
 
 
 @attrs.define(eq=False)
@@ -189,6 +204,12 @@ class TrackedSample:
     policy_version: int
     finish_reason: str
     sampled_with: tuple[SampledWith, ...] = ()  # one per run of response_mask (empty: not recorded)
+    # the policy version that sampled each token, -1 on context tokens (empty: not recorded);
+    # `policy_version` is the oldest response token's
+    token_versions: tuple[int, ...] = ()
+    # an image sample: the RenderedPrompt of its last request, whose expanded ids begin input_ids
+    # (every image of the sample expanded to its image tokens); None: a text sample
+    rendered: Any = None
 
 
 class MessageTracker:
@@ -283,14 +304,15 @@ class MessageTracker:
             if node is None:
                 known = i if known is None else known
                 ids = self._segment(i, message, tools, tpl)
-                node = Node(key, i, message["role"], ids, [0] * len(ids), [0.0] * len(ids))
+                node = Node(key, i, message["role"], ids, [0] * len(ids), [0.0] * len(ids),
+                            images=message_images(message))
                 self._nodes[key] = node
                 tokenized += 1
                 self.stats["tokens_tokenized"] += len(ids)
                 if message["role"] == "assistant":
                     self.stats["untracked_assistant"] += 1
             if message["role"] in ("user", "tool"):
-                observation = message["content"]
+                observation = message_text(message)
             nodes.append(node)
         self.stats["messages_tokenized"] += tokenized
         self.stats["messages_reused"] += len(nodes) - tokenized
@@ -301,17 +323,24 @@ class MessageTracker:
         return Prompt(
             nodes=nodes, prompt_ids=prompt_ids, tools=tools, root=root, known=len(nodes) if known is None else known,
             observation=observation, state_key=None if observation is None else state_hash(observation),
-            depth=len(nodes),
+            depth=len(nodes), images=tuple(url for n in nodes if n.images for url in n.images),
         )
 
     def commit(
         self, prompt: Prompt, token_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str,
         message: dict[str, Any], policy_version: int = 0, sampled_with: SampledWith | None = None,
+        rendered: Any = None,
     ) -> Request:
         """Record the engine's response to `prompt` (``message`` is what the agent receives;
-        ``sampled_with``: how the engine drew ``token_ids``, which the samples carry to the trainer)."""
+        ``sampled_with``: how the engine drew ``token_ids``, which the samples carry to the trainer;
+        ``rendered``: for a prompt with images, the engine's `RenderedPrompt` of it, whose expanded
+        ids and pixels its samples carry)."""
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probs")
+        if (rendered is None) != (not prompt.images) or (
+                rendered is not None and list(rendered.prompt.token_ids) != list(prompt.prompt_ids)):
+            raise ValueError(f"a prompt with {len(prompt.images)} image(s) is committed with the engine's rendering "
+                             "of exactly it (rendered=), a text prompt without one")
         tpl = self.template(prompt.tools)
         parent = prompt.nodes[-1].key if prompt.nodes else prompt.root
         message = normalize_message(message, len(prompt.nodes))
@@ -330,7 +359,7 @@ class MessageTracker:
             )
             self._nodes[key] = node
         request = Request(len(self.requests), prompt, node, ids, lps, finish_reason, policy_version,
-                          closing=list(close), sampled_with=sampled_with)
+                          closing=list(close), sampled_with=sampled_with, rendered=rendered)
         self.requests.append(request)
         self.stats["requests"] += 1
         self._assign(request)
@@ -351,6 +380,8 @@ class MessageTracker:
                     self._history_rewrite()
             self.branches.append(best)
         else:
+            if self.granularity == "traj":  # only a branch's last request makes a traj sample: its pixels suffice
+                self.requests[best.requests[-1]].rendered = None
             best.extend(path[len(best.nodes) :])
             # most recently extended goes last, so it wins the next tie
             self.branches.remove(best)
@@ -388,19 +419,24 @@ class MessageTracker:
             row = TokenRow()
             for node in branch.nodes:
                 if node.generated and (keep == "longest" or node.owner == branch.id):
-                    row.add(node.ids, node.mask, node.logprobs, node.sampled_with)
+                    row.add(node.ids, node.mask, node.logprobs, node.sampled_with,
+                            self.requests[node.request].policy_version)  # the version of the request that generated it
                 else:  # context: a user/tool message, or a repeat of another branch's reply
                     row.context(node.ids)
             if not any(row.mask):  # nothing of its own to train on (only repeats of other branches)
                 continue
             row = row.cut(len(row.ids) - branch.nodes[-1].separator)
+            oldest = min(v for v, m in zip(row.versions, row.mask, strict=True) if m)  # its oldest token's version
             last = self.requests[branch.requests[-1]]
+            if last.rendered is not None:  # (the expanded row records no token versions)
+                row = expand_images(row, len(last.prompt.prompt_ids), last.rendered)
             out.append(TrackedSample(
                 input_ids=row.ids, response_mask=row.mask, logprobs=row.logprobs,
                 requests=tuple(branch.requests), branch=branch.id, state_key=last.prompt.state_key,
                 observation=last.prompt.observation,
-                policy_version=min(self.requests[r].policy_version for r in branch.requests),
-                finish_reason=last.finish_reason, sampled_with=row.sampled_with,
+                policy_version=oldest,
+                finish_reason=last.finish_reason, sampled_with=row.sampled_with, rendered=last.rendered,
+                token_versions=tuple(row.token_versions),
             ))
         return out
 
@@ -409,15 +445,44 @@ class MessageTracker:
         end-of-turn, mask 0, when the engine was cut at max_tokens)."""
         out = []
         for r in self.requests:
-            row = TokenRow.turn(r.prompt.prompt_ids, r.response_ids, r.logprobs, r.closing, r.sampled_with)
+            prompt_ids = r.prompt.prompt_ids if r.rendered is None else r.rendered.input_ids
+            row = TokenRow.turn(prompt_ids, r.response_ids, r.logprobs, r.closing, r.sampled_with, r.policy_version)
             out.append(TrackedSample(
                 input_ids=row.ids, response_mask=row.mask, logprobs=row.logprobs, requests=(r.index,), branch=r.branch,
                 state_key=r.prompt.state_key, observation=r.prompt.observation,
                 policy_version=r.policy_version, finish_reason=r.finish_reason, sampled_with=row.sampled_with,
+                rendered=r.rendered, token_versions=tuple(row.token_versions),
             ))
         return out
 
 
+def expand_images(row: TokenRow, prompt_len: int, rendered: Any) -> TokenRow:
+    """``row`` with its first ``prompt_len`` tokens (a prompt with one image placeholder per image)
+    replaced by ``rendered.input_ids``, the engine's expansion of them: each image's tokens are
+    context (mask 0, log-prob 0), every other token keeps its mask and log-prob in order.
+
+    >>> import numpy as np
+    >>> from arl.engine.image_prompt import ImagePrompt, RenderedPrompt
+    >>> r = RenderedPrompt(ImagePrompt([5, 9], [None]), (5, 9, 9, 9), np.zeros((12, 3)), np.array([[1, 2, 6]]), (None,), 9)
+    >>> row = expand_images(TokenRow().context([5, 9]).generated([7], [-0.5]), 2, r)
+    >>> row.ids, row.mask, row.logprobs
+    ([5, 9, 9, 9, 7], [0, 0, 0, 0, 1], [0.0, 0.0, 0.0, 0.0, -0.5])
+    """
+    pad = rendered.image_token_id
+    if list(rendered.prompt.token_ids) != row.ids[:prompt_len]:
+        raise ValueError("the rendered prompt is not the sample's prompt: its images cannot be placed")
+    head = zip(row.ids[:prompt_len], row.mask[:prompt_len], row.logprobs[:prompt_len], strict=True)
+    text = iter([(m, lp) for t, m, lp in head if t != pad])
+    out = TokenRow(draws=list(row.draws))
+    for t in rendered.input_ids:
+        m, lp = (0, 0.0) if t == pad else next(text)
+        out.ids.append(int(t))
+        out.mask.append(m)
+        out.logprobs.append(lp)
+    out.ids += row.ids[prompt_len:]
+    out.mask += row.mask[prompt_len:]
+    out.logprobs += row.logprobs[prompt_len:]
+    return out
 
 
 # Keep, this module's old name of arl.config.KeepBranches; Branch, its old name of ConversationBranch

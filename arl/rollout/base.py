@@ -42,11 +42,9 @@ from arl.engine.base import (
 from arl.engine.image_prompt import ImagePrompt, RenderedPrompt
 from arl.engine.prompt import PromptView
 from arl.envs.game import anchor_key
+from arl.envs.prompts import IMAGE_ONLY_TEXT
 from arl.intercept.template import bridge_ids, chat_ids, end_of_turn_ids
 from arl.rollout.records import EpisodeSpec, Sample, Trajectory, Turn
-
-# What an observation's text says with observation: image (the grid is in the frame only)
-IMAGE_ONLY_TEXT = "(the board is the image above)"
 
 __all__ = [
     "IMAGE_ONLY_TEXT",

@@ -19,6 +19,12 @@ GymRunner and ToolCallRunner do), the same key the step manager uses; it falls b
 of the reported raw observation (``["state"]``: an env that is not an arl game), then to that of
 the call's latest user/tool message, and each turn says which (documented in `_turn`).
 
+Images: an agent may send ``image_url`` parts (PNG/JPEG data URLs) to a VLM policy; the handler
+renders each such prompt with the engine's own renderer, and each sample carries the
+`RenderedPrompt` of its last call (`Sample.rendered`): its input ids are the expanded ids the engine
+ran, its pixels the engine's. `GymRunner` sends the game's frames so with
+``rollout.manager.observation: image | both`` (docs/guide.md "Image observations").
+
 How an episode ends (the manager knows better than the agent what went wrong server-side):
 a fault the handler saw (prompt too long -> "max_length"; engine error -> "engine_error";
 rejected prompt -> "invalid_prompt") wins; else the runner's status / exit reason; a runner that
@@ -268,7 +274,8 @@ class ProxyEnvManager(EnvManager):
         if episode_key in self._active:
             raise RuntimeError(f"episode {episode_key!r} is already running in this manager")
         c = self.config
-        tracker = MessageTracker(self.tokenizer, chat_template_kwargs=self.chat_template_kwargs)
+        tracker = MessageTracker(self.tokenizer, chat_template_kwargs=self.chat_template_kwargs,
+                                 granularity=self.granularity)
         handler = ChatHandler(
             self.engine, tracker, name=episode_key, max_model_len=self.max_model_len,
             defaults=SamplingDefaults(c.max_tokens, c.temperature, c.top_p, c.top_k, c.agent_sampling),
@@ -390,7 +397,9 @@ class ProxyEnvManager(EnvManager):
             key, source = r.prompt.state_key, "message"
         return Turn(
             observation=report.observation if report.observation is not None else (r.prompt.observation or ""),
-            prompt_ids=r.prompt.prompt_ids,  # the tracker's, not copied
+            # the tracker's, not copied; an image prompt's as the engine ran it (its images expanded)
+            prompt_ids=r.prompt.prompt_ids if r.rendered is None else list(r.rendered.input_ids),
+            rendered=r.rendered,
             response_ids=list(r.response_ids), response_logprobs=list(r.logprobs), reward=report.reward,
             action=report.action, action_valid=report.action_valid is not False,  # unreported: no penalty
             state_key=key, finish_reason=r.finish_reason, policy_version=r.policy_version,
@@ -403,9 +412,9 @@ class ProxyEnvManager(EnvManager):
 
     def _sample(self, spec: EpisodeSpec, traj: Trajectory, t: TrackedSample, *, step_score: float, step: int,
                 valid: bool, state_key: str | None, info: dict[str, Any]) -> Sample:
-        return Sample.of(spec, traj, TokenRow.whole(t.input_ids, t.response_mask, t.logprobs, t.sampled_with),
-                         mode=self.mode, step_score=float(step_score), step=step, state_key=state_key,
-                         action_valid=valid,
+        row = TokenRow.whole(t.input_ids, t.response_mask, t.logprobs, t.sampled_with, t.token_versions)
+        return Sample.of(spec, traj, row, mode=self.mode, step_score=float(step_score), step=step, state_key=state_key,
+                         action_valid=valid, rendered=t.rendered,
                          policy_version=t.policy_version, info={**info, "branch": t.branch, "requests": list(t.requests)})
 
 

@@ -43,7 +43,7 @@ RunnerFactory = Callable[..., AgentRunner]
 def gym_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, runner_cls: Any = None,
                **kwargs: Any) -> AgentRunner:
     """arl's `GymRunner` (or ``runner_cls``) playing ``spec.env_id`` with the manager's sampling
-    settings, prompt style and history window; ``kwargs`` go to the runner (e.g.
+    settings, prompt style, history window and observation (its frames as ``image_url`` parts); ``kwargs`` go to the runner (e.g.
     ``conversation="step"`` for the step manager's self-contained prompts)."""
     from arl.agents.gym_runner import GymRunner, ToolCallRunner
 
@@ -51,6 +51,11 @@ def gym_runner(client: Any, spec: EpisodeSpec, config: ManagerConfig, *, runner_
     if runner_cls is not ToolCallRunner:
         kwargs = {"prompt_style": config.prompt_style, "history_len": config.history_len,
                   "system_prompt": config.system_prompt, **kwargs}
+        if config.observation != "text":  # the frames as image_url parts (a runner class of old takes no such keyword)
+            kwargs.setdefault("observation", config.observation)
+    elif config.observation != "text":
+        raise ValueError(f"observation={config.observation!r}: the tool runner sends text only (GymRunner sends "
+                         "the game's frames)")
     return runner_cls(
         client, spec.env_id, max_tokens=config.max_tokens, temperature=config.temperature,
         top_p=config.top_p, max_turns=config.max_turns, format_penalty=config.format_penalty,
