@@ -281,3 +281,32 @@ def test_proxy_mode_takes_image_observations_and_the_tool_runner_refuses_them():
     spec = EpisodeSpec(env_id="arl/Sokoban-v0", seed=0, group_id="g", episode_id=0)
     with pytest.raises(ValueError, match="tool runner sends text only"):
         tool_runner(None, spec, ManagerConfig(observation="image"))
+
+
+@pytest.fixture(scope="module")
+def vllm_vl(vl_path):
+    from arl.engine.vllm import VLLMEngine
+
+    engine = VLLMEngine(vl_path, max_model_len=1024, kv_cache_memory_bytes=64 * 2**20)
+    yield engine
+    asyncio.run(engine.close())
+
+
+@pytest.mark.vllm
+async def test_vllm_image_chat_both_ways_is_what_the_trainer_scores(vllm_vl, hf_vl):
+    """vLLM answers the image chat in process and over HTTP (seeded: the same reply both ways); the
+    HF trainer-side forward (same weights) scores each sample's reply tokens as vLLM did."""
+    from arl.rollout import collate
+    from arl.train.update import sequence_logprobs
+
+    inproc, http = await both_ways(lambda: vllm_vl, "step")
+    samples = []
+    for a, b in zip(inproc.step_samples(), http.step_samples(), strict=True):
+        assert a.input_ids == b.input_ids
+        check_image_sample(a, vllm_vl.tokenizer, len(a.rendered.images))
+        samples.append(as_sample(a))
+    batch = collate(samples, pad_id=vllm_vl.tokenizer.pad_token_id or 0)
+    with torch.no_grad():
+        lp = sequence_logprobs(hf_vl.model, batch, range(len(samples)), None, micro_batch_size=2)
+    on = batch["response_mask"].bool()
+    assert on.sum() > 0 and (lp[on] - batch["logprobs"][on]).abs().max().item() < 1e-3
