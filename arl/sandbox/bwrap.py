@@ -9,8 +9,9 @@ entirely by the argv built here, so the isolation policy can be read (and audite
 ``/tmp`` of a bounded size; the ``read_only`` paths at their own paths, with ``hide`` paths under
 them replaced by empty dirs; the symlinks through which this interpreter was reached
 (`python_links`: a venv that is a link to another folder); the work dir read-write at
-`SANDBOX_CWD`; a cleared environment; the seccomp filter that refuses the kernel keyring calls
-(`arl.sandbox.seccomp`: no session keyring shared with the trainer or another episode); and, as
+`SANDBOX_CWD`; a cleared environment; the seccomp filter (`arl.sandbox.seccomp`: no kernel keyring,
+io_uring, bpf, mounts or new namespaces, no file locks or change watches through which sandboxes
+could signal each other); and, as
 root, the drop to the sandbox's uid.
 
 The uid, as root: a user namespace would keep kernel uid 0, which RLIMIT_NPROC exempts, so bwrap
@@ -42,7 +43,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from arl.sandbox import uid_delegation
-from arl.sandbox.seccomp import filter_fd, no_keyring_filter
+from arl.sandbox.seccomp import filter_fd, sandbox_filter
 
 SANDBOX_CWD = "/workspace"  # where the work dir appears inside bwrap (fixed: outputs do not name temp dirs)
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -184,7 +185,7 @@ def setpriv_argv(uid: int) -> list[str]:
 
 def _base_argv(root: bool, tmp_bytes: int | None = None, seccomp_fd: int | None = None) -> list[str]:
     """bwrap options every sandbox shares: namespaces, the read-only system, a ``/tmp`` of at most
-    ``tmp_bytes`` (its pages count as the sandbox's memory too) and the keyring filter's fd."""
+    ``tmp_bytes`` (its pages count as the sandbox's memory too) and the syscall filter's fd."""
     argv = ["bwrap", "--die-with-parent", "--new-session"]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
@@ -215,7 +216,7 @@ def bwrap_problem() -> str | None:
     root = os.geteuid() == 0
     if root and shutil.which("setpriv") is None:
         return "running as root needs setpriv (util-linux) to drop to an unprivileged uid"
-    program = no_keyring_filter()
+    program = sandbox_filter()
     fd = filter_fd(program) if program is not None else None  # the options every command uses
     argv = _base_argv(root, 1 << 20, fd) + (setpriv_argv(_PROBE_UID) if root else [])
     try:
@@ -242,7 +243,7 @@ def bwrap_argv(
     command only; ``hide``: paths shown as empty dirs where they lie under ``read_only``; ``uid``:
     the uid to drop to (as root), None to stay the calling user (bwrap's user namespace);
     ``links``: (target, link) symlinks to make (`python_links`), skipped where the link's place is
-    already visible; ``tmp_bytes``: the size of ``/tmp``; ``seccomp_fd``: the keyring filter
+    already visible; ``tmp_bytes``: the size of ``/tmp``; ``seccomp_fd``: the syscall filter
     (`arl.sandbox.seccomp`), an fd the bwrap process inherits; ``drop``: the argv that drops to
     ``uid`` (default `setpriv_argv`; `arl.sandbox.uid_delegation.delegate_argv` for a pull-mode agent).
     """
@@ -291,7 +292,7 @@ def delegation_problem() -> str | None:
         return "the trainer is not root"
     block = fresh_uid_block()
     workdir = tempfile.mkdtemp(prefix="arl-delegate-probe-")
-    program = no_keyring_filter()
+    program = sandbox_filter(namespaces=True)
     fd = filter_fd(program) if program is not None else None
     try:
         python = os.path.realpath(sys.executable)

@@ -21,10 +21,11 @@ loopback only); a read-only root; the work dir bound read-write at `SANDBOX_CWD`
 ``/tmp`` of ``tmp_bytes``; ``hide`` paths covered by an empty read-only tmpfs; memory
 (``total_memory_bytes``, no swap), process (``max_procs``) and CPU (``cpus``) limits on its
 cgroup; an init that reaps orphans (``--init``: podman's catatonit, docker's tini); every
-capability dropped, ``no-new-privileges``, the runtime's default seccomp profile less the kernel
-keyring calls (`seccomp_profile`: ``keyctl``, ``add_key``, ``request_key`` fail with ENOSYS, as
-under bubblewrap, since the uid's user keyring outlives a sandbox and its uid is drawn again
-later; where no default profile file is found, ``lost`` says "session keyring"); as root, every
+capability dropped, ``no-new-privileges``, the runtime's default seccomp profile with the refusals
+of bubblewrap's filter (`seccomp_profile`, `arl.sandbox.seccomp`: the keyring calls, since the
+uid's user keyring outlives a sandbox and its uid is drawn again later, io_uring, mounts and new
+namespaces, file locks and change watches; where no default profile file is found, ``lost`` says
+"session keyring" and "syscall filter"); as root, every
 process as the sandbox's own uid
 (`arl.sandbox.bwrap.fresh_uid`, the same uid on the host), so `reap_uid` finds what a command left
 behind, as under bubblewrap. Each command is ``<runtime> exec --user <uid> -w /workspace`` with the
@@ -66,6 +67,7 @@ from typing import Any
 from arl.sandbox.bwrap import _ETC, _ROOT_LINKS, SANDBOX_CWD, fresh_uid, python_links, python_paths
 from arl.sandbox.rlimits import SandboxLimits, limits_prefix
 from arl.sandbox.sandbox import Sandbox, SandboxUnavailable, _cleanup
+from arl.sandbox.seccomp import oci_profile
 
 RUNTIMES = ("podman", "docker")
 IMAGE_REPO = "localhost/arl-sandbox"  # + ":" + the first 16 hex digits of the rootfs tarball's sha256
@@ -258,14 +260,13 @@ def oci_problem(runtime: str = "podman") -> str | None:
     return _probe(runtime)[0]
 
 
-KEYRING_CALLS = ("keyctl", "add_key", "request_key")
 DEFAULT_SECCOMP = {"podman": "/usr/share/containers/seccomp.json"}  # docker's is built into its daemon
 
 
 @functools.cache
 def seccomp_profile(runtime: str) -> str | None:
-    """A seccomp profile file: ``runtime``'s default less `KEYRING_CALLS` (the profile's default
-    action, ENOSYS, then refuses them), written once per host next to the temp files; None where
+    """A seccomp profile file: ``runtime``'s default with the refusals of bwrap's filter
+    (`arl.sandbox.seccomp.oci_profile`), written once per host next to the temp files; None where
     the default profile is not found."""
     source = DEFAULT_SECCOMP.get(runtime)
     if source is None or not os.path.isfile(source):
@@ -274,10 +275,7 @@ def seccomp_profile(runtime: str) -> str | None:
 
     try:
         with open(source) as f:
-            profile = json.load(f)
-        for rule in profile.get("syscalls", []):
-            rule["names"] = [name for name in rule.get("names", []) if name not in KEYRING_CALLS]
-        data = json.dumps(profile, sort_keys=True).encode()
+            data = json.dumps(oci_profile(json.load(f)), sort_keys=True).encode()
     except (OSError, ValueError, AttributeError, TypeError):
         return None
     path = Path(tempfile.gettempdir()) / f"arl-seccomp-{hashlib.sha256(data).hexdigest()[:16]}.json"
@@ -335,7 +333,7 @@ class OciSandbox(Sandbox):
         self._seccomp = None  # bwrap's filter; a container gets `seccomp_profile` instead
         self._profile = seccomp_profile(runtime)
         self._links = python_links() if python else ()
-        self.lost = (*(() if self._profile else ("session keyring",)),
+        self.lost = (*(() if self._profile else ("session keyring", "syscall filter")),
                      *(() if self.workdir_mounted else ("work dir size limit",)))
         os.chown(self.workdir, self.uid, self.uid)
         self.cwd = SANDBOX_CWD

@@ -17,9 +17,11 @@ Isolation (``Sandbox.isolation`` says which is in force):
   and `kill` return only once no process of the sandbox's uid is left: the kernel may still be
   tearing a command's PID namespace down when bwrap has returned (seen after kills and after
   ordinary exits alike), so leftovers are killed and waited for (at most ``Sandbox.reap_s``, 5 s;
-  any still listed then are logged as a warning). No kernel keyring is reachable: a seccomp filter
-  refuses the keyring calls (`arl.sandbox.seccomp`), since a session keyring survives fork, exec and
-  the uid drop and would carry keys between the trainer and episodes. With ``python=True`` the
+  any still listed then are logged as a warning). A seccomp filter (`arl.sandbox.seccomp`) refuses
+  what a command has no business calling: the kernel keyrings (a session keyring survives fork,
+  exec and the uid drop and would carry keys between the trainer and episodes), io_uring, bpf,
+  perf, userfaultfd, mounts and new namespaces, and the kernel objects through which two sandboxes
+  could signal each other on the files both see (file locks, inotify/fanotify/dnotify watches). With ``python=True`` the
   interpreter's real prefixes are bound (a venv that is a symlink to another folder included) and
   ``PATH`` names the real one. The command lines are built in `arl.sandbox.bwrap`.
 - ``"none"``: the fallback when bwrap is absent or cannot start (no user namespaces). Commands
@@ -43,6 +45,8 @@ Isolation (``Sandbox.isolation`` says which is in force):
                                 wall-time kill of its process group (unless a cgroup binds it)
   session keyring               commands share the caller's keyring (keys read, keys left behind)
   /tmp size limit               ``/tmp`` is the host's
+  syscall filter                io_uring, bpf, new namespaces, file locks and change watches on
+                                shared files are as the host allows the caller
   ============================  ==================================================================
 
 Limits, in both modes (bash ``ulimit`` in front of the command, so they bind the command and
@@ -112,7 +116,7 @@ from arl.sandbox.capped_output import CappedOutput
 from arl.sandbox.cgroups import Cgroup, cgroup_problem
 from arl.sandbox.hostfs import remove_tree
 from arl.sandbox.rlimits import SandboxLimits, limits_prefix
-from arl.sandbox.seccomp import filter_fd, no_keyring_filter
+from arl.sandbox.seccomp import filter_fd, sandbox_filter
 from arl.sandbox.uid_delegation import PROGRAM, TOOL_UIDS_ENV, delegate_argv, delegated_uids, format_uids
 
 log = logging.getLogger(__name__)
@@ -123,7 +127,7 @@ SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 _FATAL_SIGNALS = {signal.SIGKILL, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS}
 _GRACE_S = 1.0  # after a command ends or is killed: how long its pipes may stay open
 _LOST_WITHOUT_BWRAP = ("network namespace", "host file system protection", "PID namespace", "hidden files",
-                       "session keyring", "/tmp size limit")
+                       "session keyring", "/tmp size limit", "syscall filter")
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
 
 
@@ -238,11 +242,11 @@ class Sandbox:
         if root and cgroup_problem() is None:
             with contextlib.suppress(OSError):
                 self.cgroup = Cgroup.create(limits.total_memory_bytes, limits.max_procs)
-        self._seccomp = no_keyring_filter() if self.isolation == "bwrap" else None
+        self._seccomp = sandbox_filter() if self.isolation == "bwrap" else None
         self._links = python_links() if python and self.isolation == "bwrap" else ()
         lost = list(_LOST_WITHOUT_BWRAP) if self.isolation != "bwrap" else []
         if self.isolation == "bwrap" and self._seccomp is None:
-            lost.append("session keyring")
+            lost += ["session keyring", "syscall filter"]
         if root and self.isolation != "bwrap" and self.cgroup is None and self.uid is None:
             lost.append("process limit")
         if self.cgroup is None:
@@ -435,7 +439,9 @@ class Sandbox:
                        oom_victim: bool) -> tuple[list[str], dict[str, Any], int | None]:
         """(the host argv that runs ``argv`` in this sandbox, its subprocess keywords, the seccomp
         fd it passes or None): bubblewrap's, or the plain one of isolation "none"."""
-        seccomp_fd = filter_fd(self._seccomp) if self._seccomp is not None else None
+        seccomp_fd = None
+        if self._seccomp is not None:  # the delegation program makes its user namespace, then filters fully
+            seccomp_fd = filter_fd(self._seccomp if tool_uids is None else sandbox_filter(namespaces=True))
         if self.isolation == "bwrap":
             drop = (delegate_argv(os.path.realpath(sys.executable), self.uid, tool_uids)
                     if tool_uids is not None and self.uid is not None else None)

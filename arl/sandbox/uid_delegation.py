@@ -11,7 +11,8 @@ it (``setpriv``), giving it the sandbox's work dir, reading and removing what it
 its leftovers. Capabilities in a user namespace act only on that namespace's uids, so the agent
 gains power over the block's uids and nothing else: root's files and processes, other episodes'
 uids and processes stay as closed to it as before, and ``setuid(0)`` fails (uid 0 has no mapping
-there). The agent learns its block from `TOOL_UIDS_ENV`; `arl.sandbox.bwrap.fresh_uid` then draws
+there). Then it adds the full syscall filter (`arl.sandbox.seccomp`), from which bwrap's had left out
+``unshare`` for it. The agent learns its block from `TOOL_UIDS_ENV`; `arl.sandbox.bwrap.fresh_uid` then draws
 each of its sandboxes' uids from it.
 
 What it costs the agent: inside that namespace the files of unmapped uids (root's ``/usr``, ...)
@@ -128,6 +129,26 @@ def _keep_delegated_caps(libc: ctypes.CDLL) -> None:
             _fail(f"cannot keep capability {cap}: {os.strerror(ctypes.get_errno())}")
 
 
+def _filter_fully() -> None:
+    """Where bwrap's filter left ``unshare`` to this program (`arl.sandbox.seccomp.sandbox_filter`
+    with ``namespaces``), add the full one now that the namespace is made: the agent and its tool
+    commands make no namespace of their own. `arl.sandbox.seccomp` is loaded from beside this
+    file (standard library only; ``-I`` puts no directory on ``sys.path``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_arl_seccomp", os.path.join(os.path.dirname(PROGRAM), "seccomp.py"))
+    if spec is None or spec.loader is None:
+        _fail("cannot find seccomp.py beside this program")
+    seccomp = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(seccomp)
+        program = seccomp.sandbox_filter()
+        if program is not None:
+            seccomp.install(program)
+    except (OSError, ImportError, ValueError) as exc:
+        _fail(f"cannot install the syscall filter: {exc}")
+
+
 def main(argv: list[str]) -> None:
     if len(argv) < 4 or not all(a.isdigit() for a in argv[:3]):
         _fail("usage: uid_delegation.py UID FIRST COUNT PROGRAM [ARG...]")
@@ -149,6 +170,7 @@ def main(argv: list[str]) -> None:
     _keep_delegated_caps(libc)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:  # no setuid binary gives more back
         _fail(f"no_new_privs: {os.strerror(ctypes.get_errno())}")
+    _filter_fully()
     try:
         os.execvp(argv[3], argv[3:])
     except OSError as exc:
