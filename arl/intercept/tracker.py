@@ -445,6 +445,9 @@ class MessageTracker:
         end-of-turn, mask 0, when the engine was cut at max_tokens)."""
         out = []
         for r in self.requests:
+            if r.rendered is None and r.prompt.images:
+                raise ValueError(f"request {r.index}'s images were let go (granularity='traj' keeps a branch's last "
+                                 "request's only): step samples need MessageTracker(granularity='step')")
             prompt_ids = r.prompt.prompt_ids if r.rendered is None else r.rendered.input_ids
             row = TokenRow.turn(prompt_ids, r.response_ids, r.logprobs, r.closing, r.sampled_with, r.policy_version)
             out.append(TrackedSample(

@@ -158,6 +158,8 @@ async def test_scripted_same_chat_both_ways_gives_the_same_exact_samples(vl_toke
         assert a.input_ids.count(pad_id(tok)) == 6 and len(a.rendered.images) == 2
         assert inproc.stats["forks"] == 0  # the second request extends the first (prefix extension)
         assert inproc.requests[0].rendered is None  # its branch's last request holds every image
+        with pytest.raises(ValueError, match="let go"):  # so no step sample without its pixels
+            inproc.step_samples()
     else:
         a, b = inproc.step_samples(), http.step_samples()
         for t, n in zip(a, (1, 2), strict=True):
