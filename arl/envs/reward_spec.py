@@ -76,6 +76,18 @@ class RewardResult:
         return len(self.tests)
 
     @property
+    def metrics(self) -> dict[str, float]:
+        """The numbers of ``extra`` (not bools, not strings or containers): what an env reports
+        as its last step's ``info["reward_extra"]`` and the rollout and eval metrics average
+        (``rollout/reward/<name>``, ``eval/reward/<name>``).
+
+        >>> RewardResult(0.5, extra={"tests_broken_passed": 0.0, "status": "ok", "flag": True}).metrics
+        {'tests_broken_passed': 0.0}
+        """
+        return {str(k): float(v) for k, v in self.extra.items()
+                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+    @property
     def success(self) -> bool:
         """Every test passes (a spec without tests: a score of at least 1)."""
         return self.passed == self.total if self.tests else self.score >= 1.0

@@ -40,7 +40,7 @@ import yaml
 from arl.config import RolloutConfig, unstructure
 from arl.rollout.base import EnvManager, Episode, EpisodeSpec
 from arl.rollout.factory import close_manager, make_manager
-from arl.rollout.metrics import error_class
+from arl.rollout.metrics import error_class, reward_extras
 from arl.rollout.oracle import BUGFIX_ENV, REALBUGS_ENV
 from arl.rollout.records import EXIT_REASONS
 from arl.rollout.scheduler import VAL_BASE_SEED
@@ -195,6 +195,8 @@ def result_row(episode: Episode, attempt: int, decode: Callable[[list[int]], str
         row["call_latency_s"] = [info["latency_s"] for info in calls]
     if t.turns and isinstance(t.turns[-1].info.get("final_files"), dict):  # a BugFix episode's end: rescore reads it
         row["final_files"] = t.turns[-1].info["final_files"]
+    if t.turns and isinstance(t.turns[-1].info.get("reward_extra"), dict):  # the spec's numbers beside the score
+        row["reward_extra"] = t.turns[-1].info["reward_extra"]
     return row
 
 
@@ -259,6 +261,7 @@ class EvalReport:
     latency_s: float  # their summed latency
     wall_s: float  # summed over rollouts (their own time, not the run's)
     tasks: list[dict[str, Any]]  # per seed: n, c, mean score
+    reward_extras: dict[str, float] = attrs.field(factory=dict)  # means of the rows' reward_extra numbers
     elapsed_s: float = 0.0  # this call's wall time (`evaluate`)
     played: int = 0  # rollouts this call played (a resume: the pending ones)
 
@@ -275,6 +278,7 @@ class EvalReport:
                 out[f"eval/{key}"] = value
         if self.attempts > 1:
             out.update({f"eval/pass@{k}": v for k, v in self.pass_at_k.items()})
+        out.update({f"eval/reward/{key}": value for key, value in self.reward_extras.items()})
         return out
 
 
@@ -313,6 +317,8 @@ def aggregate(settings: EvalSettings, rows: Iterable[dict[str, Any]]) -> EvalRep
         prompt_tokens=sum(int(r.get("prompt_tokens", 0)) for r in played),
         calls=sum(len(r.get("call_latency_s", ())) for r in played),
         latency_s=sum(sum(r.get("call_latency_s", ())) for r in played), wall_s=sum(float(r.get("wall_s", 0.0)) for r in played),
+        reward_extras=reward_extras([r["reward_extra"] for r in played
+                                     if not is_error(r) and isinstance(r.get("reward_extra"), dict)]),
         tasks=tasks,
     )
 
@@ -520,7 +526,7 @@ def rescore_files_row(rollout: RolloutConfig, row: dict[str, Any]) -> dict[str, 
         result = anyio.run(lambda: rescore_episode(int(row["seed"]), files))
     except RewardError as exc:  # no score decided: an error row (counted apart), not a 0
         return {**row, "exit_reason": "env_error", "status": "Failed", "error": f"{type(exc).__name__}: {exc}"}
-    return {**row, "score": float(result.score), "success": bool(result.success),
+    return {**row, "score": float(result.score), "success": bool(result.success), "reward_extra": result.metrics,
             "rescored_from": {"score": row["score"], "success": row["success"]}}
 
 
@@ -578,6 +584,8 @@ def format_report(report: EvalReport) -> str:
         " (" + ", ".join(f"{k} {n}" for k, n in report.error_types.items()) + ")" if report.errors else ""))
     lines.append(f"{'exits':<18} " + ", ".join(f"{k} {n}" for k, n in report.exits.items()))
     lines.append(f"{'tokens':<18} {report.tokens} generated, {report.prompt_tokens} prompt")
+    if report.reward_extras:
+        lines.append(f"{'reward extras':<18} " + ", ".join(f"{k} {v:.3f}" for k, v in report.reward_extras.items()))
     if report.calls:
         lines.append(f"{'server calls':<18} {report.calls}, mean latency {report.latency_s / report.calls:.3f} s")
     lines.append(f"{'wall time':<18} " + (f"{report.elapsed_s:.1f} s for {report.played} rollouts played now; "

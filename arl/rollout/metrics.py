@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import get_args
+from typing import Any, get_args
 
 from arl.agents.runner import STATUSES
 from arl.envs.game import StateKeySource
@@ -48,11 +48,27 @@ def _reported(turns: Sequence[Turn], field: str) -> list[float]:
     return [float(bool(t.info[field])) for t in turns if field in t.info]
 
 
+def reward_extras(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The mean of each number a reward spec reported beside the score (``reward_extra``: its
+    `arl.envs.reward_spec.RewardResult.metrics`), over the rows (dicts) that report it.
+
+    >>> reward_extras([{"tests_broken_passed": 0.0}, {"tests_broken_passed": 1.0}, {}])
+    {'tests_broken_passed': 0.5}
+    """
+    values: dict[str, list[float]] = {}
+    for extra in rows:
+        for key, value in extra.items():
+            values.setdefault(key, []).append(float(value))
+    return {key: sum(xs) / len(xs) for key, xs in sorted(values.items())}
+
+
 def _summary(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
     trajs = [e.trajectory for e in episodes]
     turns = [t for tr in trajs for t in tr.turns]
     scores = [tr.episode_score for tr in trajs]
-    return _measured({
+    extras = reward_extras([tr.turns[-1].info["reward_extra"] for tr in trajs
+                            if tr.turns and isinstance(tr.turns[-1].info.get("reward_extra"), dict)])
+    return {**{f"{prefix}/reward/{key}": value for key, value in extras.items()}, **_measured({
         f"{prefix}/num_episodes": float(len(trajs)),
         f"{prefix}/success_rate": _mean([float(tr.success) for tr in trajs]),
         f"{prefix}/mean_episode_score": _mean(scores),
@@ -62,7 +78,7 @@ def _summary(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
         # whose env says nothing about it: a custom gym env would read as 0% valid)
         f"{prefix}/valid_action_rate": _mean(_reported(turns, "action_valid")),
         f"{prefix}/abnormal_rate": _mean([float(not tr.ok) for tr in trajs]),
-    })
+    })}
 
 
 def error_class(text: str | None) -> str | None:

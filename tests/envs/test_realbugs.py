@@ -131,3 +131,25 @@ def test_arl_eval_rescore_scores_stored_realbugfix_episodes_from_their_files(cap
     rescored = {r["seed"]: r for r in ev.read_rows(out / ev.RESCORED_FILE)}
     assert 0 < rescored[9]["score"] < 1 and not rescored[9]["success"]
     assert rescored[10]["score"] == 1.0 and rescored[10]["success"]
+    # the sharper signal beside the score: the share of the tests the bug breaks that pass
+    assert all(r["reward_extra"]["tests_broken_passed"] == 1.0 for r in rows)
+    assert rescored[9]["reward_extra"]["tests_broken_passed"] == 0.0 and rescored[9]["reward_extra"]["tests_broken"] > 0
+    summary = ev.json.loads((out / ev.RESCORED_SUMMARY_FILE).read_text())
+    assert summary["metrics"]["eval/reward/tests_broken_passed"] == 0.5
+
+
+def test_broken_tests_pass_share_separates_fixed_from_unfixed():
+    """The reward of an unfixed submission is ~0.996 here (2 of 455 tests fail), the fix's 1.0;
+    ``tests_broken_passed`` (`PackageTestsSpec`'s extra) is 0 against 1."""
+    import asyncio
+
+    from arl.envs.realbugs.env import PackageTestsSpec
+
+    task = task_for(9)
+    pristine = (ensure_package(PACKAGES[task.package]) / task.path).read_text()
+    spec = PackageTestsSpec()
+    unfixed = asyncio.run(spec.score_sources({task.path: task.apply(pristine).encode()}, task, None))
+    fixed = asyncio.run(spec.score_sources({task.path: pristine.encode()}, task, None))
+    assert 0.99 < unfixed.score < 1.0 and not unfixed.success and unfixed.total == fixed.total == unfixed.passed + 2
+    assert unfixed.metrics == {"tests_broken": 2.0, "tests_broken_passed": 0.0}
+    assert fixed.score == 1.0 and fixed.success and fixed.metrics == {"tests_broken": 2.0, "tests_broken_passed": 1.0}

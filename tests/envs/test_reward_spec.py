@@ -268,6 +268,25 @@ def test_the_trainer_reports_a_failed_reward_by_its_class():
     assert metrics["rollout/exit/env_error"] == 3.0
 
 
+def test_the_trainer_logs_a_specs_numbers_beside_the_score():
+    """An episode whose last step reports ``reward_extra`` (`RewardResult.metrics`: e.g.
+    RealBugFix's ``tests_broken_passed``) is averaged into ``rollout/reward/<name>`` over the
+    episodes that report it; a batch without any logs no such key."""
+    from arl.rollout.base import Episode
+    from arl.rollout.metrics import rollout_metrics
+    from arl.rollout.records import Trajectory, Turn
+
+    def episode(extra):
+        turn = Turn(observation="", prompt_ids=[1], response_ids=[2], response_logprobs=[0.0],
+                    info={} if extra is None else {"reward_extra": extra})
+        return Episode(Trajectory("arl/RealBugFix-v0", "g", 0, SEED, turns=[turn]), [])
+
+    metrics = rollout_metrics([episode({"tests_broken_passed": 0.0}), episode({"tests_broken_passed": 1.0}),
+                               episode({"tests_broken_passed": 1.0}), episode(None)])
+    assert metrics["rollout/reward/tests_broken_passed"] == pytest.approx(2 / 3)
+    assert not any(key.startswith("rollout/reward/") for key in rollout_metrics([episode(None)]))
+
+
 PODMAN = pytest.mark.skipif(backend_problem("podman") is not None,
                             reason=f"podman unavailable here: {backend_problem('podman')}")
 

@@ -386,6 +386,7 @@ class BugFixEnv(gym.Env):
             "success": bool(self.last_eval.get("success", False)),
             "raw_obs": self.state_text() if raw_obs is None else raw_obs,
             **{f"tests_{k}": v for k, v in self.last_eval.items() if k in ("passed", "total")},
+            **({"reward_extra": self.last_eval["extra"]} if self.last_eval.get("extra") else {}),
         }
 
     async def _run_tool(self, name: str, arguments: dict[str, Any]) -> str:
@@ -419,7 +420,8 @@ class BugFixEnv(gym.Env):
         assert self.episode is not None
         self.done = True
         result = await self.episode.finish()
-        self.last_eval = {"passed": result.passed, "total": result.total, "success": result.success, "status": "ok"}
+        self.last_eval = {"passed": result.passed, "total": result.total, "success": result.success, "status": "ok",
+                          "extra": result.metrics}
         return float(result.score)
 
     # -- state, lifetime ---------------------------------------------------------------------------

@@ -61,6 +61,16 @@ def task_record(task: RealBug, isolation: str | None = None) -> dict[str, Any]:
                    lambda: _run(check_task(task, isolation)))
 
 
+def broken_record(task: RealBug, isolation: str | None = None) -> dict[str, Any]:
+    """``{"broken": [ids], "status": ...}``: the pristine suite's tests that do not pass with
+    ``task``'s bug in (a full run, not ``-x``; run once, then cached). All of them where the bug
+    breaks the import or the run (a mutant that hangs: ``status`` ``timeout``). The denominator of
+    the ``tests_broken_passed`` metric (`arl.envs.realbugs.env.PackageTestsSpec`)."""
+    return _cached(task.name.replace("/", "_").replace(":", "_") + "-broken",
+                   [attrs.asdict(task), PACKAGES[task.package].sha256, "broken"],
+                   lambda: _run(check_broken(task, isolation)))
+
+
 async def _gather(*coroutines: Any) -> list[Any]:
     return list(await asyncio.gather(*coroutines))
 
@@ -91,6 +101,14 @@ async def check_task(task: RealBug, isolation: str | None) -> dict[str, Any]:
                              limits=CHECK_LIMITS)  # a mutant that hangs is dropped after a minute
     return {"caught": result.failed > 0 and result.status == "ok", "status": result.status,
             "first_failure": result.first_failure, "failure_text": result.failure_text[-3000:]}
+
+
+async def check_broken(task: RealBug, isolation: str | None) -> dict[str, Any]:
+    package = PACKAGES[task.package]
+    buggy = task.apply((ensure_package(package) / task.path).read_text())
+    expected = (await asyncio.to_thread(package_record, task.package, isolation))["ids"]
+    result = await run_suite(package, {task.path: buggy.encode()}, isolation=isolation, limits=CHECK_LIMITS)
+    return {"broken": [name for name, ok in result.verdicts(expected).items() if not ok], "status": result.status}
 
 
 def build(isolation: str | None = None, *, select: bool = False, limit: int | None = None, jobs: int = 1,
@@ -146,4 +164,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-__all__ = ["build", "check_package", "check_task", "main", "package_record", "task_record"]
+__all__ = ["broken_record", "build", "check_broken", "check_package", "check_task", "main", "package_record",
+           "task_record"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from arl.envs.bugfix.env import BugFixEnv
 from arl.envs.bugfix.judge import JudgeUnavailable
-from arl.envs.realbugs.build import package_record, task_record
+from arl.envs.realbugs.build import broken_record, package_record, task_record
 from arl.envs.realbugs.packages import PACKAGES, PackageUnavailable, ensure_package, package_files
 from arl.envs.realbugs.suite import MAX_SOURCE_BYTES, run_suite
 from arl.envs.realbugs.tasks import TASKS, RealBug
@@ -96,7 +96,11 @@ class PackageTestsSpec(RewardSpec):
     from the pristine tree, pytest isolated from the tree; docs/threat_model.md, "The real-code
     reward"). ``tests``: each test of the pristine suite's list from the build
     (`arl.envs.realbugs.build.package_record`) by id, passed only if this run reported it passed,
-    so the denominator is that list's length."""
+    so the denominator is that list's length. ``extra``: ``suite_status`` (`run_suite`'s),
+    ``tests_broken`` (how many of those tests the task's bug breaks, `build.broken_record`) and
+    ``tests_broken_passed`` (the share of them passing now: 0 for the unfixed bug, 1 for a fix),
+    a sharper signal than the reward, where an unfixed submission scores ~0.98; the env reports
+    both in its last step's info."""
 
     name = "package-tests"
     timeout_s = 600.0
@@ -116,7 +120,10 @@ class PackageTestsSpec(RewardSpec):
             raise RewardUnavailable(str(exc), spec=self.name) from exc
         expected = (await asyncio.to_thread(package_record, task.package, isolation))["ids"]
         verdicts = result.verdicts(expected)
-        return RewardResult(result.score(expected), verdicts, extra={"suite_status": result.status})
+        broken = (await asyncio.to_thread(broken_record, task, isolation))["broken"]
+        return RewardResult(result.score(expected), verdicts, extra={
+            "suite_status": result.status, "tests_broken": len(broken),
+            "tests_broken_passed": sum(verdicts[name] for name in broken) / len(broken) if broken else 1.0})
 
 
 def read_sources(package: str, workdir: Path) -> dict[str, bytes]:
