@@ -146,3 +146,50 @@ def test_a_sample_s_policy_version_is_its_oldest_token_s():
     unknown = TokenRow().generated([2], [-0.1], version=1).generated([3], [-0.1])
     assert Sample.of(spec, traj, unknown, mode="traj", step_score=0.0, action_valid=True,
                      policy_version=1).response_versions() == [1, 1]
+
+
+@pytest.mark.parametrize("granularity", ["traj", "step"])
+async def test_a_proxy_episode_carried_over_an_update_records_each_token_s_version(tiny_path, granularity):
+    """An agent's model calls through the proxy: group 1's member 0 is held after its first call
+    (sampled by version 0) through an update; its later calls are sampled by version 1. A traj
+    sample holds both versions token by token; each step sample its one call's."""
+    from arl.rollout import ProxyEnvManager
+
+    engine = _scripted()
+    release = asyncio.Event()
+
+    class HeldProxy(ProxyEnvManager):
+        async def generate(self, traj, *args, **kwargs):
+            gen = await super().generate(traj, *args, **kwargs)
+            if traj.group_id == "train_1_1" and traj.episode_id == 0:
+                await release.wait()  # after its first call: every later one waits here until released
+            return gen
+
+    sched = PartialScheduler("arl/FrozenLake-v0", num_groups=1, group_size=2, carry_over_groups=1, max_age=2)
+    async with HeldProxy(engine, ManagerConfig(max_tokens=16, max_turns=3), transport="inprocess",
+                         granularity=granularity) as manager:
+        try:
+            first = await sched.collect(manager, 0)
+            assert "train_1_1" not in first.groups
+            await engine.update_weights([])
+            release.set()
+            sched.resume()
+            await _until(lambda: all(t.done() for t in sched._live["train_1_1"].tasks))
+            batch = await sched.collect(manager, 1)
+            held = batch.groups["train_1_1"][0]
+            assert held.trajectory.ok and [t.policy_version for t in held.trajectory.turns] == [0, 1, 1]
+            versions = [s.response_versions() for s in held.samples]
+            if granularity == "traj":
+                (one,) = versions
+                calls = [t.response_ids for t in held.trajectory.turns]
+                assert one == [0] * len(calls[0]) + [1] * (len(calls[1]) + len(calls[2]))
+                assert held.samples[0].policy_version == 0
+            else:
+                assert [set(v) for v in versions] == [{0}, {1}, {1}]
+                assert [s.policy_version for s in held.samples] == [0, 1, 1]
+            lags = {k: v for k, v in batch.metrics.items() if k.startswith("rollout/tokens_lag_")}
+            trained = [v for e in batch.episodes for s in e.samples for v in s.response_versions()]
+            assert lags == {f"rollout/tokens_lag_{1 - v}": float(trained.count(v)) for v in set(trained)}
+        finally:
+            await sched.aclose()
+    await engine.close()
