@@ -29,7 +29,9 @@ namespaces, file locks and change watches; where no default profile file is foun
 process as the sandbox's own uid
 (`arl.sandbox.bwrap.fresh_uid`, the same uid on the host), so `reap_uid` finds what a command left
 behind, as under bubblewrap. Each command is ``<runtime> exec --user <uid> -w /workspace`` with the
-`arl.sandbox.rlimits` wrapper in front, as in the other backends.
+`arl.sandbox.rlimits` wrapper in front, as in the other backends, and its environment in an
+unnamed file (`env_file`): ``--env K=V`` would show every value to every user of the host in the
+client's ``/proc/<pid>/cmdline``.
 
 Ownership: every container carries the label `LABEL` and `OWNER_LABEL` = this process's boot id,
 pid and start time; `reap_orphans` (run when a process first starts a container, and for its
@@ -287,6 +289,31 @@ def seccomp_profile(runtime: str) -> str | None:
     return str(path)
 
 
+def env_file(env: Mapping[str, str]) -> int:
+    """A readable fd of an unnamed 0600 file (``O_TMPFILE``, gone when the last fd closes) holding
+    ``env`` in ``--env-file`` form, one ``KEY=VALUE`` a line, read from its start: for
+    ``<runtime> exec --env-file /dev/fd/N``, so that the values appear in no process's argv (which
+    every user of the host may read in ``/proc/<pid>/cmdline``) and in no file a name reaches.
+    The caller closes it once the runtime has started. A line holds a value exactly as given, so a
+    key that is not a plain name or a value with a line break or NUL is refused (ValueError).
+
+    >>> fd = env_file({"A": "x y=z"}); os.read(fd, 100); os.close(fd)
+    b'A=x y=z\\n'
+    """
+    lines = []
+    for key, value in env.items():
+        if not key or key.startswith("#") or any(c in key for c in "=\0") or key != "".join(key.split()):
+            raise ValueError(f"environment variable name {key!r} cannot be passed to a container")
+        if any(c in value for c in "\n\r\0"):
+            raise ValueError(f"the value of {key} holds a line break or NUL, which --env-file cannot carry")
+        lines.append(f"{key}={value}\n")
+    with tempfile.TemporaryFile(mode="w+b") as f:
+        f.write("".join(lines).encode())
+        f.flush()
+        fd = os.open(f"/proc/self/fd/{f.fileno()}", os.O_RDONLY | os.O_CLOEXEC)
+    return fd
+
+
 def _ulimit_args(limits: SandboxLimits) -> list[str]:
     nproc = max(4096, limits.max_procs)
     return ["--ulimit", f"nofile={NOFILE}:{NOFILE}", "--ulimit", f"nproc={nproc}:{nproc}"]
@@ -415,10 +442,10 @@ class OciSandbox(Sandbox):
             raise ValueError(f"the {self.runtime} sandbox cannot bind {missing} for one command: "
                              "pass them as read_only when the sandbox is made")
         await self.start()
-        flags = [f"--env={key}={value}" for key, value in env.items()]
-        full = [self.runtime, "exec", "-i", "--user", f"{self.uid}:{self.uid}", "-w", SANDBOX_CWD, *flags,
-                self._name, *limits_prefix(limits, oom_victim=oom_victim), *argv]
-        return full, {}, None
+        fd = env_file(env)  # the values never on the command line (world-readable in /proc/*/cmdline)
+        full = [self.runtime, "exec", "-i", "--user", f"{self.uid}:{self.uid}", "-w", SANDBOX_CWD,
+                "--env-file", f"/dev/fd/{fd}", self._name, *limits_prefix(limits, oom_victim=oom_victim), *argv]
+        return full, {"pass_fds": (fd,)}, fd
 
     def _setup_error(self, stderr: str, exit_code: int | None) -> str | None:
         first = stderr.split("\n", 1)[0]
@@ -434,7 +461,7 @@ class OciSandbox(Sandbox):
     def command_line(self, command: str) -> str:
         import shlex
 
-        flags = [f"--env={key}={value}" for key, value in self.env.items()]
+        flags = [f"--env={key}" for key in self.env]  # the values from the caller's environment, never shown
         return shlex.join([self.runtime, "exec", "-i", "--user", f"{self.uid}:{self.uid}", "-w", SANDBOX_CWD,
                            *flags, self._name, *limits_prefix(self.limits, oom_victim=True), "bash", "-c", command])
 

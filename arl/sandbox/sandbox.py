@@ -430,15 +430,16 @@ class Sandbox:
         finally:
             self._starting -= 1
             if seccomp_fd is not None:
-                os.close(seccomp_fd)  # bwrap has its own copy (or never started)
+                os.close(seccomp_fd)  # bwrap (the runtime's client) has its own copy, or never started
         self._procs.add(proc)
         return proc
 
     async def _command(self, argv: list[str], env: dict[str, str], limits: SandboxLimits,
                        read_only: Sequence[str | Path], tool_uids: range | None,
                        oom_victim: bool) -> tuple[list[str], dict[str, Any], int | None]:
-        """(the host argv that runs ``argv`` in this sandbox, its subprocess keywords, the seccomp
-        fd it passes or None): bubblewrap's, or the plain one of isolation "none"."""
+        """(the host argv that runs ``argv`` in this sandbox, its subprocess keywords, the fd it
+        passes (bwrap's seccomp program; a container's env file) or None, closed once it started):
+        bubblewrap's, or the plain one of isolation "none"."""
         seccomp_fd = None
         if self._seccomp is not None:  # the delegation program makes its user namespace, then filters fully
             seccomp_fd = filter_fd(self._seccomp if tool_uids is None else sandbox_filter(namespaces=True))

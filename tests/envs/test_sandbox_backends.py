@@ -226,3 +226,31 @@ def test_the_image_is_built_from_this_host_alone_and_named_by_its_content(monkey
     monkeypatch.setattr(oci.shutil, "which", lambda name: f"/usr/bin/{name}")
     problem, _, _ = oci._problem("podman")
     assert problem is not None and "needs root" in problem
+
+
+@PODMAN
+async def test_a_container_command_env_is_on_no_host_command_line():
+    """``podman exec --env K=V`` put an episode's values in the client's argv, which every user of
+    the host reads in /proc/<pid>/cmdline (issue 47): the values go through an unnamed env file."""
+    secret = "arl-env-secret-" + os.urandom(6).hex()
+    seen: list[str] = []
+    async with open_sandbox(LIMITS, backend="podman", env={"ARL_SECRET": secret}) as sb:
+        running = asyncio.ensure_future(sb.run('echo "$ARL_SECRET" "$ARL_OTHER"; sleep 3',
+                                               env={"ARL_OTHER": "second=value with spaces"}))
+        for _ in range(40):  # while the command runs: every command line on the host
+            await asyncio.sleep(0.1)
+            for entry in os.scandir("/proc"):
+                if entry.name.isdigit():
+                    try:
+                        with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                            line = f.read()
+                    except OSError:
+                        continue
+                    if secret.encode() in line or b"second=value" in line:
+                        seen.append(line.replace(b"\0", b" ").decode(errors="replace"))
+        result = await running
+        assert secret not in sb.command_line("true")
+        with pytest.raises(ValueError, match="line break"):
+            await sb.run("true", env={"ARL_BAD": "one\nARL_INJECTED=two"})
+    assert result.stdout == f"{secret} second=value with spaces\n", result
+    assert seen == [], f"the env on a host command line: {seen[:2]}"
