@@ -153,3 +153,21 @@ def test_broken_tests_pass_share_separates_fixed_from_unfixed():
     assert 0.99 < unfixed.score < 1.0 and not unfixed.success and unfixed.total == fixed.total == unfixed.passed + 2
     assert unfixed.metrics == {"tests_broken": 2.0, "tests_broken_passed": 0.0}
     assert fixed.score == 1.0 and fixed.success and fixed.metrics == {"tests_broken": 2.0, "tests_broken_passed": 1.0}
+
+
+def test_every_tasks_oracle_scores_one_under_the_judge():
+    """Every task's known fix gives its file back byte for byte (so its oracle is the pristine
+    package), and the judge scores each pristine package 1.0, every pristine test id passing:
+    the oracle of all 80 tasks, one suite run per package."""
+    import asyncio
+
+    from arl.envs.realbugs.env import PackageTestsSpec
+
+    for name, package in PACKAGES.items():
+        tasks = [task for task in TASKS if task.package == name]
+        sources = {path: (ensure_package(package) / path).read_bytes() for path in package.sources}
+        for task in tasks:
+            buggy = task.apply(sources[task.path].decode())
+            assert buggy.replace(*task.fix, 1).encode() == sources[task.path], task.name
+        result = asyncio.run(PackageTestsSpec().score_sources(sources, tasks[0], None))
+        assert result.score == 1.0 and result.success and result.total > 100, (name, result.extra)
