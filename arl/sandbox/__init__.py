@@ -6,7 +6,7 @@ table); `backends` chooses and opens one of several backends behind that API (``
 bwrap, podman, docker, none; ``start`` / ``exec`` / ``stop``); the rest are its parts: `bwrap`
 (bubblewrap command lines, uids and reaping), `oci` (the container backend: arl's local image,
 containers, orphans), `cgroups` (whole-sandbox memory and processes), `rlimits` (per-process
-limits), `seccomp` (the keyring filter), `hostfs` (bounded host-side file work), `capped_output`
+limits), `seccomp` (the syscall filter), `hostfs` (bounded host-side file work), `capped_output`
 (output under a cap) and `uid_delegation` (tool uids for a pull-mode agent). What it promises:
 docs/threat_model.md.
 """
