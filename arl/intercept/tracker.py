@@ -297,6 +297,7 @@ class MessageTracker:
         key, nodes, known = root, [], None
         observation: str | None = None
         tokenized = 0
+        images: list[str] = []
         for i, raw in enumerate(messages):
             message = raw if normalized else normalize_message(raw, i)
             key = self._chain_key(i, message, key)
@@ -312,7 +313,10 @@ class MessageTracker:
                 if message["role"] == "assistant":
                     self.stats["untracked_assistant"] += 1
             if message["role"] in ("user", "tool"):
-                observation = message_text(message)
+                content = message["content"]
+                observation = content if type(content) is str else message_text(message)
+            if node.images:
+                images += node.images
             nodes.append(node)
         self.stats["messages_tokenized"] += tokenized
         self.stats["messages_reused"] += len(nodes) - tokenized
@@ -323,7 +327,7 @@ class MessageTracker:
         return Prompt(
             nodes=nodes, prompt_ids=prompt_ids, tools=tools, root=root, known=len(nodes) if known is None else known,
             observation=observation, state_key=None if observation is None else state_hash(observation),
-            depth=len(nodes), images=tuple(url for n in nodes if n.images for url in n.images),
+            depth=len(nodes), images=tuple(images),
         )
 
     def commit(
