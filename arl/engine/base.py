@@ -425,6 +425,20 @@ class BaseEngine(abc.ABC):
         """max_tokens clipped so prompt + completion fits the context (finish_reason 'length')."""
         return min(params.max_tokens, self.max_model_len - prompt_len)
 
+    @property
+    def forbidden_token_ids(self) -> tuple[int, ...]:
+        """Token ids this engine never samples: a VLM's vision tokens (`arl.models.tiny_vl.vision_token_ids`:
+        a sampled image placeholder is an image slot with no image, which no forward can score), () for a
+        text model. Backends enforce it (vLLM ``bad_words``, HF a logit mask, scripted a refusal)."""
+        if self.image_renderer is None:
+            return ()
+        cached = self.__dict__.get("_forbidden_token_ids")
+        if cached is None:
+            from arl.models.tiny_vl import vision_token_ids
+
+            cached = self.__dict__["_forbidden_token_ids"] = vision_token_ids(self.tokenizer)
+        return cached
+
     def stop_ids(self, params: SamplingParams) -> set[int]:
         ids = set(params.stop_token_ids)
         if not params.ignore_eos and self.tokenizer.eos_token_id is not None:

@@ -144,8 +144,10 @@ class HFEngine(BaseEngine):
         self._lora_config: dict[str, Any] | None = None  # the injected adapter's shape, once injected
         if vision:
             from arl.engine.images import ImageRenderer
+            from arl.models.tiny_vl import mask_logits
 
             self.image_renderer = ImageRenderer(model_path, tokenizer)
+            mask_logits(self.model, self.forbidden_token_ids)  # never sampled; log-probs of the masked distribution
 
     # -- facade ------------------------------------------------------------------------------------
     async def _generate_images_n(self, rendered: Any, params: SamplingParams) -> list[Generation]:

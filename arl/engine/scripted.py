@@ -164,6 +164,8 @@ class ScriptedEngine(BaseEngine):
         if self.fail_rate > 0 and self._rng(key or prompt, params, "fail").random() < self.fail_rate:
             raise EngineError("scripted engine failure (fail_rate)")
         gens = [self._complete(prompt, params, i, key) for i in range(params.n)]
+        for gen in gens:
+            self._check_forbidden(gen)
         if params.constraint is not None:
             for gen in gens:
                 self._check_constraint(gen, params)
@@ -198,6 +200,18 @@ class ScriptedEngine(BaseEngine):
                 f"the scripted reply breaks the request's {params.constraint.kind} constraint at token {k} "
                 f"({bad!r} after {good[-60:]!r}); a real engine would have masked it: script a reply that "
                 "meets the constraint")
+    def _check_forbidden(self, gen: Generation) -> None:
+        """A scripted reply holding a token no VLM may sample (`forbidden_token_ids`) fails its request,
+        as a broken constraint does: vLLM and HF would never have sampled it."""
+        forbidden = set(self.forbidden_token_ids)
+        k = next((k for k, t in enumerate(gen.token_ids) if t in forbidden), None)
+        if k is not None:
+            token = gen.token_ids[k]
+            what = "the image placeholder token" if token == self.image_renderer.image_token_id else "a vision token"
+            raise EngineError(
+                f"the scripted reply holds {what} {self.tokenizer.decode([token])!r} (id {token}) at position {k}: "
+                "a VLM's engine never samples its vision tokens; script a reply without them")
+
     def _rng(self, prompt: list[int], params: SamplingParams, tag: str | int) -> np.random.Generator:
         """A generator that depends on (engine seed, request seed, prompt, tag) and nothing else."""
         h = hashlib.blake2b(digest_size=16)

@@ -256,7 +256,7 @@ class VLLMEngine(VLLMBackend):
             raise EngineError(f"vLLM engine is dead after an earlier failure: {self._dead!r}")
         ran = len(rendered.input_ids) if rendered is not None else len(prompt)  # the context it takes
         try:
-            vparams = to_vllm_params(params, self.max_new_tokens(ran, params))
+            vparams = to_vllm_params(params, self.max_new_tokens(ran, params), bad_words=self.bad_words)
         except Exception as exc:
             raise _rejected(exc) from exc
         rid = f"arl-{next(self._ids)}"

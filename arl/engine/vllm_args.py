@@ -57,8 +57,11 @@ def to_vllm_constraint(constraint: OutputConstraint | None) -> Any:
     return StructuredOutputsParams(structural_tag=json.dumps(constraint.spec))
 
 
-def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = True) -> Any:
-    """arl SamplingParams -> vllm.SamplingParams (sampled-token log-probs, stop tokens kept)."""
+def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = True,
+                   bad_words: tuple[str, ...] = ()) -> Any:
+    """arl SamplingParams -> vllm.SamplingParams (sampled-token log-probs, stop tokens kept).
+    ``bad_words``: tokens vLLM must never sample (`VLLMBackend.bad_words`: a VLM's vision tokens);
+    their logits are -inf before sampling, so the reported log-probs are the masked distribution's."""
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -82,6 +85,7 @@ def to_vllm_params(params: SamplingParams, max_tokens: int, final_only: bool = T
         stop=list(params.stop) or None,
         detokenize=bool(params.stop),
         structured_outputs=to_vllm_constraint(params.constraint),
+        bad_words=list(bad_words) or None,
     )
 
 
@@ -212,10 +216,23 @@ class VLLMBackend(BaseEngine):
             from arl.engine.images import ImageRenderer
 
             self.image_renderer = ImageRenderer(model, self.tokenizer)
+        self.bad_words = self._bad_words()
         self.lora_enabled = lora_enabled(vllm_engine)
         self._adapters = AdapterStore()
         self._adapter: ServedAdapter | None = None  # what new requests are served with
         self._serve_requests()
+
+    def _bad_words(self) -> tuple[str, ...]:
+        """`forbidden_token_ids` as vLLM's ``bad_words``: the tokens' strings, each of which vLLM's
+        tokenizer must encode as that one id (vLLM masks the ids it encodes the strings to)."""
+        words = []
+        for i in self.forbidden_token_ids:
+            word = self.tokenizer.convert_ids_to_tokens(i)
+            if list(self.tokenizer.encode(word, add_special_tokens=False)) != [i]:
+                raise EngineError(f"vLLM cannot be told to never sample token {i} ({word!r}): its tokenizer does not "
+                                  "encode the token's text as that one id")
+            words.append(word)
+        return tuple(words)
 
     @abc.abstractmethod
     def _start(self, kw: dict[str, Any]) -> Any:

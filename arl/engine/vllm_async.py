@@ -193,7 +193,7 @@ class AsyncVLLMEngine(VLLMBackend):
     async def _generate_n(self, prompt: list[int], params: SamplingParams, rendered: Any = None) -> list[Generation]:
         ran = len(rendered.input_ids) if rendered is not None else len(prompt)  # the context it takes
         try:
-            vparams = to_vllm_params(params, self.max_new_tokens(ran, params))
+            vparams = to_vllm_params(params, self.max_new_tokens(ran, params), bad_words=self.bad_words)
         except Exception as exc:
             raise _translate(exc) from exc
         rid = f"arl-async-{next(self._ids)}"

@@ -125,6 +125,62 @@ def has_vision_tower(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+# What a logit of a token no VLM may sample is set to (`mask_logits`): exp(-1e4) is 0 in fp32, bf16 and
+# fp16, so the token has probability 0 exactly, while p * log p stays 0 (entropy), not NaN as with -inf.
+MASKED_LOGIT = -1e4
+
+
+def vision_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The ids of `VISION_TOKENS` that ``tokenizer`` knows: the tokens a VLM reads but must never sample.
+
+    A sampled ``<|image_pad|>`` is an image slot with no image (the trainer's forward fails: "image
+    features and image tokens do not match"), and a sampled ``<|vision_start|>`` opens one; so every
+    engine serving a VLM forbids all four (vLLM: ``bad_words``; HF: `mask_logits`; scripted: refuses
+    a script with them) and the trainer scores with the same mask, so engine and trainer log-probs
+    describe one distribution. A tokenizer without them (a text model) gives ().
+    """
+    unk = getattr(tokenizer, "unk_token_id", None)
+    ids = []
+    for token in VISION_TOKENS:
+        i = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(i, int) and i != unk and i >= 0:
+            ids.append(i)
+    return tuple(ids)
+
+
+def mask_logits(model: Any, token_ids: tuple[int, ...] | list[int]) -> Any:
+    """Make ``model`` never give ``token_ids`` any probability: its output embedding's (the LM head's)
+    logits for them become `MASKED_LOGIT`, in every forward (training, scoring, generation, a deep
+    copy: a forward hook). Installing it again replaces the earlier mask. Returns ``model``.
+
+    >>> import torch
+    >>> class Toy(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.head = torch.nn.Linear(2, 4, bias=False)
+    ...     def get_output_embeddings(self):
+    ...         return self.head
+    ...     def forward(self, x):
+    ...         return self.head(x)
+    >>> toy = mask_logits(Toy(), [1, 3])
+    >>> torch.softmax(toy(torch.ones(1, 2)), -1)[0, [1, 3]].tolist()
+    [0.0, 0.0]
+    """
+    import torch
+
+    head = model.get_output_embeddings()
+    head._forward_hooks.pop(getattr(head, "_arl_mask_hook", None), None)  # by key: a deep copy has its own
+    index = torch.tensor(sorted({int(t) for t in token_ids}), dtype=torch.long)
+
+    def hook(module: Any, args: Any, output: Any) -> Any:
+        if index.numel() == 0:
+            return output
+        return output.index_fill(-1, index.to(output.device), MASKED_LOGIT)
+
+    head._arl_mask_hook = head.register_forward_hook(hook).id
+    return model
+
+
 def auto_model_class(model_path: str | Path) -> Any:
     """The transformers auto class that loads the model at ``model_path``: ``AutoModelForImageTextToText``
     for a model with a vision tower (a Qwen2-VL-family VLM), else ``AutoModelForCausalLM``. The
@@ -196,6 +252,7 @@ def load_processor(path: str | Path, tokenizer: Any = None) -> Any:
 
 
 __all__ = [
-    "IMAGE_PAD", "IMAGE_PLACEHOLDER", "VISION_TOKENS", "VL_CHATML_TEMPLATE", "TinyVLSpec",
+    "IMAGE_PAD", "IMAGE_PLACEHOLDER", "MASKED_LOGIT", "VISION_TOKENS", "VL_CHATML_TEMPLATE", "TinyVLSpec",
     "auto_model_class", "build_tiny_vl", "has_vision_tower", "image_only_processor_class", "load_processor",
+    "mask_logits", "vision_token_ids",
 ]

@@ -126,7 +126,7 @@ class Trainer:
         self.rng = np.random.default_rng(c.seed)
         if self.engine is None:
             self.engine = make_engine(attrs.evolve(lora.engine_config(c), model=c.model))
-        from arl.models.tiny_vl import auto_model_class
+        from arl.models.tiny_vl import auto_model_class, has_vision_tower, mask_logits, vision_token_ids
 
         self.tokenizer = self.engine.tokenizer
         # Before the policy loads: a rollout whose token streams the chat template does not render
@@ -138,6 +138,8 @@ class Trainer:
         dtype = weights_dtype(c.optim.precision, lora=self.lora)
         path = resolve_model(c.model)
         self.model = auto_model_class(path).from_pretrained(path, dtype=dtype)  # a VLM with its vision tower
+        if has_vision_tower(self.model.config):  # the engines never sample vision tokens: score the same distribution
+            mask_logits(self.model, vision_token_ids(self.tokenizer))
         if c.optim.gradient_checkpointing:  # non-reentrant: correct with frozen inputs (LoRA) too
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
@@ -487,9 +489,14 @@ class Trainer:
                          "rollout": {"manager": type(self.manager).__name__, "mode": getattr(self.manager, "mode", None),
                                      "injected": self.manager_injected}},
             keep=self.config.keep_checkpoints,
-            # a VLM's (arl.engine.images.ImageRenderer): the checkpoint is then a VLM an engine can serve
-            image_processor=getattr(getattr(self.engine, "image_renderer", None), "image_processor", None),
+            image_processor=self.image_processor,
         )
+
+    @property
+    def image_processor(self) -> Any:
+        """A VLM's image processor (arl.engine.images.ImageRenderer's), saved beside the weights of a
+        checkpoint and of LoRA's base so an engine serves them images; None for a text model."""
+        return getattr(getattr(self.engine, "image_renderer", None), "image_processor", None)
 
     async def close(self) -> None:
         await self._cancel_prefetch()

@@ -213,16 +213,23 @@ def check_hf(sample, turns, engine) -> None:
 
 async def test_a_sampled_image_token_ends_the_episode_typed(vl_tokenizer):
     """A reply with the image placeholder token could not be scored (the forward would look for an
-    image there): the episode ends engine_error with the reason, its earlier turns kept."""
+    image there): the episode ends engine_error with the reason, its earlier turns kept. The arl
+    engines never sample it (tests/engine/test_vision_tokens.py; the scripted one refuses such a
+    script), so the manager's own check is the backstop for an engine that does not forbid it."""
     from arl.engine.scripted import ScriptedEngine
 
+    class Unguarded(ScriptedEngine):  # an injected engine that does not forbid the vision tokens
+        def _check_forbidden(self, gen):
+            return None
+
     replies = ["<answer>Left</answer>", "<answer>Up</answer><|image_pad|>"]
-    engine = ScriptedEngine(vl_tokenizer, image_tokens=3, max_model_len=4096, responses=replies)
-    ep = await TrajEnvManager(engine, config("both", max_turns=4)).run_episode(spec(0, "arl/Sokoban-v0"))
-    traj = ep.trajectory
-    assert traj.exit_reason == "engine_error" and "image placeholder token" in traj.error
-    assert len(traj.turns) == 1 and len(ep.samples) == 1
-    check_sample(ep.samples[0], traj.turns, vl_tokenizer)
+    for cls, said in ((Unguarded, "image placeholder token"), (ScriptedEngine, "never samples its vision tokens")):
+        engine = cls(vl_tokenizer, image_tokens=3, max_model_len=4096, responses=replies)
+        ep = await TrajEnvManager(engine, config("both", max_turns=4)).run_episode(spec(0, "arl/Sokoban-v0"))
+        traj = ep.trajectory
+        assert traj.exit_reason == "engine_error" and said in traj.error
+        assert len(traj.turns) == 1 and len(ep.samples) == 1
+        check_sample(ep.samples[0], traj.turns, vl_tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,14 @@ async def test_one_step_on_frames_with_the_hf_engine(tmp_path):
     async with Trainer(c) as trainer:
         await trainer.train()
         ckpt = trainer.run_dir / "ckpt_000001"
+        # the engine never samples vision tokens: the trainer scores the same masked distribution
+        import torch
+
+        from arl.models.tiny_vl import MASKED_LOGIT
+        forbidden = list(trainer.engine.forbidden_token_ids)
+        with torch.no_grad():
+            logits = trainer.model(input_ids=torch.tensor([[1, 2, 3]], device=trainer.device)).logits
+        assert len(forbidden) == 4 and (logits[..., forbidden] == MASKED_LOGIT).all()
     [row] = metrics_rows(trainer.run_dir)
     assert row["rollout/num_samples"] > 0 and row["rollout/abnormal_rate"] == 0.0
     assert row["rollout/prompt_tokens_mean"] > 16  # a 4x4 frame is 16 image tokens
