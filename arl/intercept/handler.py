@@ -41,6 +41,15 @@ such request: it is refused with a 400 naming the field. A constraint that does 
 malformed schema: `InvalidConstraintError`) is a 400 too, code ``invalid_constraint``; the
 episode goes on.
 
+Images. A request whose user messages hold ``image_url`` parts (`arl.intercept.protocol`) is a
+prompt with one image placeholder per image (`MessageTracker`); the engine's own renderer expands
+it (`BaseEngine.render_images`, the one the managers use), the context check counts the expanded
+ids, the engine is sent that `ImagePrompt`, and the handler checks that it ran exactly the
+rendered ids and sampled no image placeholder (else the episode ends "engine_error"); the tracker
+keeps the `RenderedPrompt` for the samples. An image PIL cannot decode (``unreadable_image``) or a
+policy with no vision tower (``no_vision_tower``) is a 400 and the episode goes on; images that
+fill the context are ``context_length_exceeded`` and end it "max_length", as a long text prompt does.
+
 ``stats`` counts those cuts (``stop_cuts``) and the request fields accepted but not acted on
 (``noop_fields``, ``unknown_fields``: see `arl.intercept.protocol`); each such field name is
 logged once per process as a warning (``logging.getLogger("arl.intercept.handler")``).
