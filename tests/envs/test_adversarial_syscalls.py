@@ -12,6 +12,7 @@ personality all succeeded; bpf, kexec and module loading were already refused by
 
 A pull-mode agent whose sandbox may give it tool uids (`arl.sandbox.uid_delegation`) keeps
 ``unshare`` only until the delegation program has made its namespace: the agent itself is refused.
+And what refusing file locks costs: sqlite's default mode fails at once, its lock-free one works.
 """
 
 from __future__ import annotations
@@ -153,3 +154,18 @@ async def test_an_agent_given_tool_uids_makes_no_namespace_of_its_own(tmp_path):
     assert dict(line.split() for line in out.decode().splitlines()) == {
         "unshare": "EPERM", "mount_in_userns": "EPERM", "io_uring": "ENOSYS"}
     assert os.geteuid() == 0  # delegation_problem() is None only as root
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_sqlite_works_in_its_lock_free_mode_and_fails_at_once_without_it(backend):
+    """What refusing file locks costs (docs/threat_model.md): sqlite's default mode takes fcntl
+    locks and fails at once, never hangs; the documented recipe (``vfs=unix-dotfile``) works."""
+    use = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1], uri=True, timeout=30); "
+           "c.execute('create table t(x)'); c.execute('insert into t values (7)'); c.commit(); "
+           "print(c.execute('select x from t').fetchall())")
+    async with open_sandbox(backend=backend, python=True) as sb:
+        recipe = await sb.run(f"python -c \"{use}\" 'file:a.db?vfs=unix-dotfile'")
+        default = await sb.run(f"python -c \"{use}\" b.db")
+    assert recipe.ok and recipe.stdout == "[(7,)]\n", recipe
+    assert default.exit_code != 0 and "disk I/O error" in default.stderr, default
+    assert default.wall_s < 20, "the default mode waited on a lock it can never get"
