@@ -359,6 +359,9 @@ class LoRAConfig:
     dropout: float = attrs.field(default=0.0, validator=[v.ge(0), v.lt(1)])
     target_modules: list[str] = attrs.Factory(
         lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # A VLM's vision tower gets adapters too (its modules named in target_modules); off: the language
+    # model's only (arl.train.lora.wrap), which is what vLLM's LoRA path serves.
+    vision: bool = False
 
 
 DEFAULT_MODEL = "tiny"

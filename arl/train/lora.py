@@ -40,21 +40,57 @@ BASE_DIR = "base"  # run_dir/base: the warm-started base weights the adapters ap
 ADAPTER_NAME = "default"  # peft's name for the one adapter
 
 
+def vision_towers(model: Any) -> list[str]:
+    """The module names of a VLM's vision tower(s) (the modules built from its ``vision_config``,
+    outermost only: ``model.visual`` for Qwen2-VL and Qwen2.5-VL); [] for a text model."""
+    vision_config = getattr(getattr(model, "config", None), "vision_config", None)
+    if vision_config is None:
+        return []
+    found: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(getattr(module, "config", None), type(vision_config)) and name and not any(
+                name.startswith(f"{outer}.") for outer in found):
+            found.append(name)
+    return found
+
+
 def wrap(model: Any, lora: Any) -> Any:
     """A peft `PeftModelForCausalLM` around ``model``: LoRA layers on ``lora.target_modules``, B = 0 (the
     wrapped model computes what ``model`` did), every base weight frozen. The adapter is fp32 whatever
-    the base's dtype (a bf16 base: peft upcasts its input for the adapter and casts the sum back)."""
+    the base's dtype (a bf16 base: peft upcasts its input for the adapter and casts the sum back).
+
+    A VLM's vision tower gets no adapter (its modules are excluded by name, `vision_towers`: Qwen2.5-VL's
+    vision MLPs are ``gate_proj``/``up_proj``/``down_proj`` too) unless ``lora.vision`` asks for it; it
+    stays frozen either way, and vLLM's LoRA path serves the language model's adapters."""
+    import re
+
     from peft import LoraConfig, get_peft_model
 
+    towers = [] if getattr(lora, "vision", False) else vision_towers(model)
+    exclude = "|".join(rf"{re.escape(t)}\..*" for t in towers) or None
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+                        target_modules=list(lora.target_modules), exclude_modules=exclude, bias="none",
+                        task_type="CAUSAL_LM")
     return get_peft_model(model, config, adapter_name=ADAPTER_NAME, autocast_adapter_dtype=True)
 
 
 def engine_config(config: Any) -> Any:
     """``config.engine``, started so that it serves LoRA adapters when the run trains one (vLLM must
-    be told at start-up; its ``engine.extra`` settings win). Other backends need nothing."""
+    be told at start-up; its ``engine.extra`` settings win). Other backends need nothing.
+
+    ``lora.vision`` (adapters on a VLM's vision tower too): vLLM's LoRA path applies adapters to the
+    language model only and drops the vision tower's with a log line, so the engine would serve another
+    policy than the trainer's; vLLM is then started without LoRA and gets the merged weights at each
+    push, and an ``engine.extra`` that turns vLLM's LoRA on anyway is a `ConfigError`."""
     if config.lora.rank <= 0 or config.engine.backend not in ("vllm", "vllm-async"):
+        return config.engine
+    if config.lora.vision:
+        if config.engine.extra.get("enable_lora"):
+            from arl.config import ConfigError
+
+            raise ConfigError("lora.vision: vLLM's LoRA path ignores adapters on the vision tower, so the engine "
+                              "would not serve the trained policy; leave engine.extra.enable_lora unset (the "
+                              "engine then gets the merged weights) or set lora.vision=false")
         return config.engine
     from arl.engine.vllm_lora import lora_engine_args
 
@@ -146,15 +182,19 @@ def base_training(model: Any) -> Iterator[None]:
 # ------------------------------------------------------------------------------ the base directory
 
 
-def save_base(run_dir: str | os.PathLike[str], model: Any, tokenizer: Any = None) -> Path:
+def save_base(run_dir: str | os.PathLike[str], model: Any, tokenizer: Any = None,
+              image_processor: Any = None) -> Path:
     """Write the base weights as an HF model directory ``run_dir/base`` (atomically) and make it the
-    base the adapter's config names, so saved adapters load on it in peft and vLLM."""
+    base the adapter's config names, so saved adapters load on it in peft and vLLM; a VLM's
+    ``image_processor`` goes beside them, so an engine serves the base images too."""
     final = Path(run_dir) / BASE_DIR
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{BASE_DIR}-", dir=run_dir))
     try:
         model.get_base_model().save_pretrained(tmp, state_dict=dict(base_weights(model)))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        if image_processor is not None:
+            image_processor.save_pretrained(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -168,12 +208,12 @@ def save_base(run_dir: str | os.PathLike[str], model: Any, tokenizer: Any = None
 def load_base(run_dir: str | os.PathLike[str], model: Any) -> bool:
     """Copy ``run_dir/base``'s weights into the model's base (a resumed run after a warm-start);
     False when the run has none (its base is the initial model)."""
-    from transformers import AutoModelForCausalLM
+    from arl.models.tiny_vl import auto_model_class
 
     path = Path(run_dir) / BASE_DIR
     if not (path / "config.json").is_file():
         return False
-    saved = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+    saved = auto_model_class(path).from_pretrained(path, dtype=torch.float32).state_dict()  # a VLM: its vision tower too
     live = _base_parameters(model)
     if set(saved) != set(live):
         raise RuntimeError(f"{path} does not match the model: {sorted(set(saved) ^ set(live))[:5]}")
@@ -191,5 +231,5 @@ def remove_base(run_dir: str | os.PathLike[str]) -> None:
 
 __all__ = [
     "AdapterDisabled", "adapter_of", "base_training", "base_weights", "engine_config", "load_base",
-    "merged_weights", "remove_base", "save_base", "trainable_parameters", "wrap",
+    "merged_weights", "remove_base", "save_base", "trainable_parameters", "vision_towers", "wrap",
 ]

@@ -451,7 +451,8 @@ class Trainer:
             if self.lora:  # the warm-start trains the base (it stands in for a pretrained model)
                 with lora.base_training(self.model):
                     sft_metrics = await format_warm_start(self)
-                lora.save_base(self.run_dir, self.model, self.tokenizer)  # also the KL anchor: base, adapter off
+                # also the KL anchor: base, adapter off
+                lora.save_base(self.run_dir, self.model, self.tokenizer, self.image_processor)
             else:
                 sft_metrics = await format_warm_start(self)
             if self.ref_model is not None and not self.lora:  # the KL anchor is the policy RL starts from
