@@ -16,6 +16,7 @@ import pytest
 
 from arl.envs.bugfix.solver import assistant_message
 from arl.envs.realbugs.env import RealBugFixEnv
+from arl.envs.realbugs.packages import PACKAGES, ensure_package
 from arl.envs.realbugs.tasks import TASKS
 from arl.sandbox.backends import backend_problem
 from arl.sandbox.sandbox import bwrap_problem
@@ -93,6 +94,20 @@ def test_a_sitecustomize_and_a_pth_file_count_for_nothing(isolation):
                                  _heredoc("usercustomize.py", hook),
                                  _heredoc("arl-forge.pth", "import os; os._exit(0)"))
     assert cheated <= untouched < 1.0
+
+
+@pytest.mark.parametrize("how", ["rm {path}", "mv {path} {path}.bak && ln -s {path}.bak {path}",
+                                 "python -c 'print(\"#\" * (3 << 20))' >> {path}", "rm {path} && mkdir {path}",
+                                 "rm -r inflection && ln -s {cache}/inflection inflection"])
+def test_a_source_file_the_judge_cannot_take_is_not_the_pristine_one(how):
+    """Deleted, made a link, grown past the size bound, made a dir, or its dir a link to the
+    pristine package in arl's cache (absent inside a sandbox, there on the host that reads the
+    file): the judge must not fall back to the pristine file (the old judge did, and scored the
+    first three and the last 1.0 with the bug in; the dir crashed the reward, an episode error):
+    the package is judged without it, and its import fails."""
+    path, cache = TASKS[INFLECTION].path, ensure_package(PACKAGES["inflection"])
+    untouched, cheated = _scores("none", INFLECTION, _bash(how.format(path=path, cache=cache)))
+    assert cheated == 0.0 < untouched < 1.0
 
 
 @pytest.mark.parametrize("isolation", MODES)

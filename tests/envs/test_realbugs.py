@@ -171,3 +171,16 @@ def test_every_tasks_oracle_scores_one_under_the_judge():
             assert buggy.replace(*task.fix, 1).encode() == sources[task.path], task.name
         result = asyncio.run(PackageTestsSpec().score_sources(sources, tasks[0], None))
         assert result.score == 1.0 and result.success and result.total > 100, (name, result.extra)
+
+
+def test_a_stored_episode_without_its_package_sources_is_not_rescored_as_pristine():
+    """Rows stored before RealBugFix kept its package's sources hold only top-level files: the
+    judge would take the pristine module for the missing one, so re-scoring refuses them (an
+    env_error row in `arl eval --rescore`, never a 1.0)."""
+    import asyncio
+
+    from arl.envs.realbugs.env import rescore_episode
+    from arl.envs.reward_spec import RewardUnavailable
+
+    with pytest.raises(RewardUnavailable, match="holds no final copy of inflection/__init__.py"):
+        asyncio.run(rescore_episode(9, {"setup.py": "", "test_inflection.py": ""}))

@@ -83,10 +83,11 @@ class RealBugFixEnv(BugFixEnv):
         for path, data in self._files.items():
             self.sandbox.write_file(path, data)
 
-    def _final_files(self) -> dict[str, str]:
-        """The package's source files as the agent left them (`read_sources`): all the judge reads."""
+    def _final_files(self) -> dict[str, str | None]:  # type: ignore[override]
+        """The package's source files as the agent left them (`read_sources`): all the judge reads,
+        every path a key (None: the judge could not take it, e.g. deleted; `rescore_episode`)."""
         assert self.sandbox is not None and self.bug is not None
-        return {path: data.decode("utf-8", "surrogateescape")
+        return {path: None if data is None else data.decode("utf-8", "surrogateescape")
                 for path, data in read_sources(self.bug.package, self.sandbox.workdir).items()}
 
 
@@ -109,8 +110,9 @@ class PackageTestsSpec(RewardSpec):
         sources = await asyncio.to_thread(read_sources, task.package, sandbox.workdir)
         return await self.score_sources(sources, task, sandbox.isolation)
 
-    async def score_sources(self, sources: dict[str, bytes], task: Any, isolation: str | None) -> RewardResult:
-        """The reward of ``sources`` (the package's source files, relative path -> bytes) for ``task``."""
+    async def score_sources(self, sources: dict[str, bytes | None], task: Any, isolation: str | None) -> RewardResult:
+        """The reward of ``sources`` (the package's source files, relative path -> bytes, None for
+        one the agent left unusable: `read_sources`) for ``task``."""
         package = PACKAGES[task.package]
         try:
             result = await run_suite(package, sources, isolation=isolation)
@@ -126,38 +128,55 @@ class PackageTestsSpec(RewardSpec):
             "tests_broken_passed": sum(verdicts[name] for name in broken) / len(broken) if broken else 1.0})
 
 
-def read_sources(package: str, workdir: Path) -> dict[str, bytes]:
+def read_sources(package: str, workdir: Path) -> dict[str, bytes | None]:
     """The package's source files (`arl.envs.realbugs.packages.Package.sources`) as ``workdir``
-    holds them: what the judge copies into its pristine tree, and all of it (regular files only,
-    never through a link, bounded in size)."""
-    return {path: data for path in PACKAGES[package].sources
-            if (data := _read_regular(workdir / path)) is not None}
+    holds them, every one: what the judge puts into its pristine tree, and all of it. None for a
+    file that is not there as a regular file within bounds (deleted, a link, a dir, past
+    `MAX_SOURCE_BYTES`): the judge leaves it out of the tree, never falls back to the pristine one."""
+    return {path: _read_regular(workdir, path) for path in PACKAGES[package].sources}
 
 
 async def rescore_episode(seed: int, files: dict[str, str], spec: RewardSpec | None = None, *,
                           isolation: str | None = None) -> RewardResult:
     """Score a stored RealBugFix episode again without replaying it (`arl eval --rescore`): task
     ``seed``'s final ``files`` (the package's source files as the episode ended with them, stored
-    as its last step's ``info["final_files"]``) scored by ``spec`` (None: `PackageTestsSpec`) in a
+    as its last step's ``info["final_files"]``, each source path a key, None for one left out) scored by ``spec`` (None: `PackageTestsSpec`) in a
     fresh sandbox, as `arl.envs.bugfix.env.rescore_episode` does for BugFix. Raises the spec's
     `arl.envs.reward_spec.RewardError` when it cannot decide (e.g. `RewardUnavailable` where the
     package is not in the cache and PyPI cannot be reached)."""
     from arl.envs.bugfix.env import rescore_episode as rescore_bugfix
 
-    return await rescore_bugfix(seed, files, spec if spec is not None else PackageTestsSpec(), limits=AGENT_LIMITS,
-                                isolation=isolation, task=task_for(seed))
+    spec = spec if spec is not None else PackageTestsSpec()
+    task = task_for(seed)
+    if missing := [path for path in PACKAGES[task.package].sources if path not in files]:
+        raise RewardUnavailable(f"the stored episode of seed {seed} holds no final copy of {', '.join(missing)} "
+                                "(recorded before RealBugFix stored its package's sources): it cannot be re-scored",
+                                spec=spec.name)
+    present = {path: text for path, text in files.items() if text is not None}  # None: left out, as the judge did
+    return await rescore_bugfix(seed, present, spec, limits=AGENT_LIMITS, isolation=isolation, task=task)
 
 
-def _read_regular(path: os.PathLike[str]) -> bytes | None:
-    """A regular file's bytes (never through a link, at most `MAX_SOURCE_BYTES`), or None."""
+def _read_regular(workdir: Path, relative: str) -> bytes | None:
+    """The bytes of ``workdir / relative`` if it is a regular file of at most `MAX_SOURCE_BYTES`
+    reached inside ``workdir`` (its last component never a link, its dirs never leading out of
+    the work dir: a link to the pristine cache must not pass for the agent's file), else None."""
+    root = workdir.resolve()
+    path = root / relative
     try:
+        if not path.parent.resolve().is_relative_to(root):
+            return None
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        data = f.read(MAX_SOURCE_BYTES + 1)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return data if len(data) <= MAX_SOURCE_BYTES else None
 
 

@@ -10,7 +10,9 @@ The judge's conventions (``arl.envs.bugfix.judge``) where a real test suite allo
 - **Only the package's source files come from the agent.** A pristine tree is unpacked from the
   cached sdist on the host, and only the paths in ``package.sources`` are replaced by the agent's
   copies (regular files, size-bounded, read without following links by the caller): an edited test,
-  an added ``conftest.py``, ``sitecustomize.py``, ``.pth`` or setup file changes nothing.
+  an added ``conftest.py``, ``sitecustomize.py``, ``.pth`` or setup file changes nothing. A source
+  file the caller could not take (None: deleted, a link, a dir, too big) is left out of the tree,
+  never replaced by the pristine one.
 - **A fresh sandbox, the tree read-only.** The tree and the judge's ``pytest.ini`` lie in a
   judge-owned host dir bound read-only into a sandbox of the same backend (not the agent's: files,
   processes and permissions it left do not reach it), so the code under test cannot rewrite a test
@@ -171,17 +173,22 @@ def _remove(path: Path) -> None:
 
 
 async def run_suite(
-    package: Package, sources: Mapping[str, bytes] | None = None, *, isolation: str | None = None,
+    package: Package, sources: Mapping[str, bytes | None] | None = None, *, isolation: str | None = None,
     stop_first: bool = False, limits: SandboxLimits = SUITE_LIMITS,
 ) -> SuiteResult:
     """``package``'s test suite against its pristine files with ``sources`` (relative path ->
-    bytes, only paths in ``package.sources``) put in their place. ``stop_first``: stop at the first
+    bytes, only paths in ``package.sources``) put in their place; a path given as None (or past
+    `MAX_SOURCE_BYTES`) is left out of the tree, not replaced by the pristine file. ``stop_first``: stop at the first
     failing test (the build's check that a bug is caught). A run with no report is scored as no
     test passing (status ``timeout``, ``no report``...), unless the sandbox could not start at all
     (`JudgeUnavailable`)."""
     files = package_files(ensure_package(package, fetch=False))
     for path, data in (sources or {}).items():
-        if path in package.sources and len(data) <= MAX_SOURCE_BYTES:
+        if path not in package.sources:
+            continue
+        if data is None or len(data) > MAX_SOURCE_BYTES:  # never the pristine file in its place
+            files.pop(path, None)
+        else:
             files[path] = data
     judge_dir = Path(tempfile.mkdtemp(prefix="arl-judge-"))
     try:
