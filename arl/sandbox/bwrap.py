@@ -199,6 +199,7 @@ def _base_argv(root: bool, tmp_bytes: int | None = None, seccomp_fd: int | None 
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
+    argv += ["--perms", "0755", "--dir", "/etc"]  # bwrap's own would be 0700: unreadable after the uid drop
     for pattern in _ETC:
         for path in sorted(glob.glob(f"/etc/{pattern}")):
             argv += ["--ro-bind", path, path]

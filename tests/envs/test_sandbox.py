@@ -142,6 +142,17 @@ async def test_no_writes_outside_the_workdir(tmp_path):
 
 
 @needs_bwrap
+async def test_the_etc_files_programs_read_are_readable_after_the_uid_drop():
+    """bwrap made /etc 0700 (root's) around the bound /etc files, so as root, after the drop to the
+    sandbox's uid, /etc/passwd could not be read (git: "unable to access '/etc/gitconfig'")."""
+    async with Sandbox(FAST, python=True) as sb:
+        result = await sb.run("python -c 'import pwd; print(pwd.getpwuid(0).pw_name)' && head -c 5 /etc/passwd")
+        denied = await sb.run("touch /etc/new")
+    assert result.ok and result.stdout == "root\nroot:", result
+    assert denied.exit_code != 0
+
+
+@needs_bwrap
 async def test_fork_bomb_is_bounded():
     limits = SandboxLimits(wall_s=3.0, cpu_s=3.0, max_procs=16)
     async with Sandbox(limits) as sb:
