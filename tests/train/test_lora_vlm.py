@@ -110,10 +110,11 @@ async def test_one_lora_step_on_frames_with_the_hf_engine(tmp_path):
 
 
 @pytest.mark.vllm
-async def test_one_lora_step_on_frames_with_the_vllm_lora_path(tmp_path):
+@pytest.mark.parametrize("backend", ["vllm", "vllm-async"])
+async def test_one_lora_step_on_frames_with_the_vllm_lora_path(tmp_path, backend):
     """vLLM serves the adapter itself (LoRARequest on the warm-started base): the weight-sync canary
     after the push compares its log-probs with the trainer's on the text and the image probe."""
-    run_dir = await _one_step(tmp_path, "vllm")
+    run_dir = await _one_step(tmp_path, backend)
     rows = metrics_rows(run_dir)
     assert any("sync/canary_image_max_abs" in r for r in rows)
     await _serves_the_checkpoint(run_dir)
