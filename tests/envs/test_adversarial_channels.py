@@ -164,11 +164,12 @@ async def _line(proc: asyncio.subprocess.Process) -> str:
     if not line:
         err = await proc.stderr.read()
         raise AssertionError(f"the channel process ended: {err.decode(errors='replace')[-2000:]}")
-    return line.decode().split()[0]
+    return line.decode().strip()
 
 
 async def _play(backend: str, tmp_path, channel: str, send: bool) -> str:
-    """What the receiver in sandbox B saw, with (``send``) or without a sender in sandbox A."""
+    """What the receiver in sandbox B saw ("seen" or "unseen", then "refused ERRNO" where a call
+    of the channel was refused at either end), with (``send``) or without a sender in sandbox A."""
     tool, shared, token = tmp_path / "channel.py", tmp_path / "shared.txt", os.urandom(4).hex()
     tool.write_text(CHANNEL)
     shared.write_text("shared by every sandbox, read-only\n")
@@ -180,22 +181,24 @@ async def _play(backend: str, tmp_path, channel: str, send: bool) -> str:
             open_sandbox(backend=backend, python=True, read_only=[tmp_path]) as b:
         if channel in WATCHES:  # B watches first, then A touches the file
             receiver = await b.spawn([*argv, "watch", channel, str(shared), token, str(WAIT_S)], env={})
-            assert await _line(receiver) == "ready"
+            ready = await _line(receiver)
+            assert ready.startswith("ready"), ready
             if send:
                 done = await a.run(f"python {tool} send {channel} {shared} {token} </dev/null")
                 assert done.exit_code == 0, done
             seen = await _line(receiver)
             receiver.stdin.close()
             await receiver.wait()
-            return seen
+            return " ".join([seen, *ready.split()[1:]])
         sender = None
         if send:
             sender = await a.spawn([*argv, "send", channel, str(shared), token], env={})
-            assert await _line(sender) == "ready"
+            ready = await _line(sender)
+            assert ready.startswith("ready"), ready
         try:
             result = await b.run(f"python {tool} receive {channel} {shared} {token}")
             assert result.exit_code == 0, result
-            return result.stdout.split()[0]
+            return result.stdout.strip()
         finally:
             if sender is not None:
                 sender.stdin.close()
@@ -207,12 +210,14 @@ async def _play(backend: str, tmp_path, channel: str, send: bool) -> str:
 async def test_no_bit_passes_between_sibling_sandboxes(tmp_path, backend, channel):
     quiet = await _play(backend, tmp_path, channel, send=False)
     sent = await _play(backend, tmp_path, channel, send=True)
-    assert sent == quiet, f"{channel}: the sibling saw {sent!r} with the sender, {quiet!r} without"
+    assert sent.split()[0] == quiet.split()[0], f"{channel}: the sibling saw {sent!r} with the sender, {quiet!r} without"
 
 
 @pytest.mark.parametrize("channel", [*LOCKS, *WATCHES, *NAMESPACED])
 async def test_on_the_host_every_channel_carries_the_bit(tmp_path, channel):
     """The positive control: isolation "none" (both on the host) lets each probe see its sender."""
     quiet = await _play("none", tmp_path, channel, send=False)
+    if "refused" in quiet:  # e.g. fanotify for a user without CAP_SYS_ADMIN on a kernel before 5.13
+        pytest.skip(f"this host refuses {channel} to this user: {quiet}")
     sent = await _play("none", tmp_path, channel, send=True)
     assert (quiet, sent) == ("unseen", "seen")
