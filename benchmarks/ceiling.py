@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/ceiling.py                    # FrozenLake 4x4 (results/ceiling.json)
     .venv/bin/python benchmarks/ceiling.py --game sokoban --checkpoints RUN/ckpt_000080 ...   # + trained policies
     .venv/bin/python benchmarks/ceiling.py --quick            # CI smoke size (~30 s)
+    .venv/bin/python benchmarks/ceiling.py model=tiny-vl rollout.manager.observation=image   # from frames (VLM)
 
 When RL on a game stays flat, either the advantages carry no usable signal (benchmarks/credit.py
 measures that), or the optimisation does not follow it, or the model cannot represent a good
@@ -20,6 +21,9 @@ On the held-out states a policy is scored by the 4 moves' reply log-probabilitie
 - accuracy: the most likely move is an optimal one (greedy play's per-state choice);
 - p(optimal): the probability mass on optimal moves, normalised over the 4 replies (what sampling
   at temperature 1 plays).
+Trailing dotted overrides change the game's config: with ``model=tiny-vl
+rollout.manager.observation=image`` the prompts show the game's frame instead of its grid, and the
+VLM is trained and scored on the pixels its processor renders (the trainer's forward).
 Rows: chance (uniform over the 4 moves), always-the-most-common-optimal-move, the format
 warm-start alone (the policy RL starts from), each supervised epoch, and any `--checkpoints`
 (RL-trained policies, e.g. a learning-curve run's final checkpoint).
@@ -64,6 +68,11 @@ async def collect(game: str, batches: int, overrides: list[str]) -> tuple[list[t
     config = load_config(config_path, ["tensorboard=false", "out_dir=/tmp/arl-bench-ceiling", "name=ceiling",
                                        "overwrite=true", *overrides])  # a scratch run dir: no checkpoints
     engine = make_engine(backend="scripted", model=config.model, max_model_len=config.engine.max_model_len)
+    if config.rollout.manager.observation != "text":  # the model's own processor, not the scripted fake pixels
+        from arl.engine.images import ImageRenderer
+        from arl.models import resolve_model
+
+        engine.image_renderer = ImageRenderer(resolve_model(config.model), engine.tokenizer)
     manager, scheduler = make_manager(engine, config.rollout), make_scheduler(config.rollout, config.seed)
     rows, replies = [], {}
     async with Trainer(config, manager=manager) as trainer:
@@ -76,15 +85,18 @@ async def collect(game: str, batches: int, overrides: list[str]) -> tuple[list[t
                         replies[turn.action] = list(turn.response_ids)
                     moves = label(turn.observation)
                     if moves:
-                        rows.append((b, turn.observation, list(turn.prompt_ids), frozenset(moves)))
+                        rows.append((b, turn.observation, list(turn.prompt_ids), frozenset(moves), turn.rendered))
         initial = copy.deepcopy(trainer.model)
         warm = await format_warm_start(trainer)
     await close_manager(manager)  # given to the trainer, not owned by it
     return rows, replies, initial, (trainer.model, warm, trainer.tokenizer.pad_token_id or 0)
 
 
-def sequences_logprob(model: Any, seqs: list[list[int]], prompt_lens: list[int], pad: int) -> Any:
-    """Sum of log-probs of each sequence's tokens after its prompt."""
+def sequences_logprob(model: Any, seqs: list[list[int]], prompt_lens: list[int], pad: int,
+                      rendered: list[Any] | None = None) -> Any:
+    """Sum of log-probs of each sequence's tokens after its prompt. With ``rendered`` (each
+    sequence's `RenderedPrompt`, an image observation) the VLM gets the prompts' pixels and computes
+    its 3-D rotary positions from the image-token mask, as the trainer's forward does."""
     import torch
 
     width = max(len(s) for s in seqs)
@@ -95,8 +107,16 @@ def sequences_logprob(model: Any, seqs: list[list[int]], prompt_lens: list[int],
         ids[i, : len(s)] = torch.tensor(s)
         attention[i, : len(s)] = 1
         target[i, p : len(s)] = 1
-    positions = (attention.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+    if rendered and rendered[0] is not None:
+        image_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, r in enumerate(rendered):
+            image_mask[i, : len(r.input_ids)] = torch.from_numpy(r.image_token_mask.astype(np.int64))
+        logits = model(input_ids=ids, attention_mask=attention, mm_token_type_ids=image_mask,
+                       pixel_values=torch.cat([torch.from_numpy(r.pixel_values) for r in rendered]),
+                       image_grid_thw=torch.cat([torch.from_numpy(r.image_grid_thw) for r in rendered])).logits
+    else:
+        positions = (attention.cumsum(1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
     logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     return (logp * target[:, 1:]).sum(1)
 
@@ -110,7 +130,8 @@ def score(model: Any, test: list[tuple], moves: list[str], replies: dict[str, li
         for i in range(0, len(test), 64):
             chunk = test[i : i + 64]
             seqs = [r[2] + replies[m] for r in chunk for m in moves]
-            lp = sequences_logprob(model, seqs, [len(r[2]) for r in chunk for _ in moves], pad).view(len(chunk), -1)
+            lp = sequences_logprob(model, seqs, [len(r[2]) for r in chunk for _ in moves], pad,
+                                   [r[4] for r in chunk for _ in moves]).view(len(chunk), -1)
             probs = torch.softmax(lp, dim=1)
             for r, p in zip(chunk, probs, strict=True):
                 hits.append(moves[int(p.argmax())] in r[3])
@@ -132,7 +153,7 @@ def supervised(model: Any, train: list[tuple], test: list[tuple], moves: list[st
         for i in range(0, len(order), BATCH):
             chunk = order[i : i + BATCH]
             seqs = [r[2] + replies[rng.choice(sorted(r[3]))] for r in chunk]
-            lp = sequences_logprob(model, seqs, [len(r[2]) for r in chunk], pad)
+            lp = sequences_logprob(model, seqs, [len(r[2]) for r in chunk], pad, [r[4] for r in chunk])
             tokens = sum(len(s) - len(r[2]) for s, r in zip(seqs, chunk, strict=True))
             loss = -lp.sum() / tokens
             optimizer.zero_grad(set_to_none=True)
@@ -153,13 +174,16 @@ def main() -> None:
     parser.add_argument("--checkpoints", nargs="*", type=Path, default=[], help="model directories to score as well")
     parser.add_argument("--quick", action="store_true", help="smoke size: 3 batches of 2x2, 1 epoch, 1 warm-start step")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ceiling[-GAME].json")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. model=tiny-vl "
+                        "rollout.manager.observation=image (the board from pixels)")
     args = parser.parse_args()
-    overrides = []
+    overrides = list(args.overrides)
     if args.quick:
         args.batches, args.epochs = 3, 1
-        overrides = ["rollout.num_groups=2", "rollout.group_size=2", "sft.steps=1", "sft.batch_episodes=2"]
+        overrides += ["rollout.num_groups=2", "rollout.group_size=2", "sft.steps=1", "sft.batch_episodes=2"]
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from arl.models.tiny_vl import auto_model_class
 
     torch.manual_seed(0)
     started = time.perf_counter()
@@ -182,7 +206,7 @@ def main() -> None:
         *supervised(model, train, test, moves, replies, pad, args.epochs, seed=0),
     ]
     for path in args.checkpoints:
-        trained = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        trained = auto_model_class(path).from_pretrained(path, dtype=torch.float32)
         results.append({"policy": f"checkpoint {path}", **score(trained, test, moves, replies, pad)})
     print(f"\n{args.game}: {len(train)} training states ({len(seen)} distinct) from {split} batches, "
           f"{len(test)} held-out distinct states from {args.batches - split} batches\n")

@@ -293,6 +293,20 @@ def test_ceiling_quick(tmp_path):
     assert result["test_states"] > 0 and result["train_states"] > 0
 
 
+def test_ceiling_quick_from_frames(tmp_path):
+    """The supervised ceiling from pixels: tiny-vl trained and scored on the frames its processor renders
+    (the scripted engine's fake pixels would not fit the vision tower), a VLM checkpoint scored too."""
+    from arl.models import resolve_model
+
+    vl = resolve_model("tiny-vl")
+    result = _run("ceiling.py", tmp_path, "model=tiny-vl", "rollout.manager.observation=image",
+                  "--checkpoints", str(vl), timeout=300)
+    assert result["meta"]["args"]["overrides"] == ["model=tiny-vl", "rollout.manager.observation=image"]
+    policies = [row["policy"] for row in result["rows"]]
+    assert policies[3] == "supervised, epoch 1" and policies[-1] == f"checkpoint {vl}"
+    assert all(0 <= row["accuracy"] <= 1 for row in result["rows"])
+
+
 def test_credit_optimal_actions():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
