@@ -20,7 +20,8 @@ A container (`OciSandbox.start`, lazily on the first command): ``--network none`
 loopback only); a read-only root; the work dir bound read-write at `SANDBOX_CWD`; a fresh
 ``/tmp`` of ``tmp_bytes``; ``hide`` paths covered by an empty read-only tmpfs; memory
 (``total_memory_bytes``, no swap), process (``max_procs``) and CPU (``cpus``) limits on its
-cgroup; an init that reaps orphans (``--init``: podman's catatonit, docker's tini); every
+cgroup; an init that reaps orphans (podman's ``--init``, catatonit; docker's tini, the host's
+``docker-init`` as the container's command, see `docker_init`); every
 capability dropped, ``no-new-privileges``, the runtime's default seccomp profile with the refusals
 of bubblewrap's filter (`seccomp_profile`, `arl.sandbox.seccomp`: the keyring calls, since the
 uid's user keyring outlives a sandbox and its uid is drawn again later, io_uring, mounts and new
@@ -41,7 +42,9 @@ with SIGKILL leaves nothing running past the next start.
 What this host needs (`oci_problem` says what is missing): the runtime's client, run as root (a
 rootless runtime maps uids, and `reap_uid` cannot find a command's processes: refused, not half
 supported), and an OCI runtime that starts a container here. Where the default one (podman's
-crun) cannot (a cgroup v1/v2 hybrid host), ``runc`` is tried (`OCI_RUNTIMES`).
+crun) cannot (a cgroup v1/v2 hybrid host), ``runc`` is tried (`OCI_RUNTIMES`). Docker also needs
+its daemon running (Debian's ``docker.io``; where no init system starts it, scripts/dockerd.sh)
+and its init, tini, under ``/usr``.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ OCI_RUNTIMES = (None, "runc")  # the runtime's default OCI runtime, then runc (s
 PROBE_TIMEOUT_S = 60.0  # one probe or image build: a runtime that hangs past this is unusable
 INIT_UID = 65534  # nobody: the uid of a container's init (commands run as the sandbox's own uid)
 NOFILE = 1024  # RLIMIT_NOFILE of a container's processes (the runtime must be told one it may set)
+_DOCKER_ERRORS = ("Error response from daemon: ", "Error: No such container", "OCI runtime exec failed: ")
 _CONTAINER_CMD = ("/usr/bin/sleep", "infinity")  # the container's init: holds it up between commands
 _log = logging.getLogger(__name__)
 _started: dict[str, set[str]] = {}  # runtime -> names of this process's live containers (removed at exit)
@@ -89,8 +93,46 @@ def _run(argv: Sequence[str], timeout: float = PROBE_TIMEOUT_S, stdin: bytes | N
 
 
 def _first_line(data: bytes) -> str:
-    text = data.decode(errors="replace").strip()
-    return text.splitlines()[-1] if text else ""
+    """The runtime's error out of its stderr: the last line that is not the client's usage hint
+    (docker ends a failed ``run`` with "Run 'docker run --help' for more information")."""
+    lines = [line for line in data.decode(errors="replace").strip().splitlines()
+             if line.strip() and not line.startswith(("Run '", "See '"))]
+    return lines[-1] if lines else ""
+
+
+def _rm(runtime: str, *names: str) -> list[str]:
+    """The argv that removes containers at once (podman's ``-t 0``: no grace period; docker's
+    ``rm -f`` kills with SIGKILL and has no ``-t``)."""
+    return [runtime, "rm", "-f", *(["-t", "0"] if runtime == "podman" else []), *names]
+
+
+def _run_prefix(runtime: str, oci: str | None) -> list[str]:
+    """``<runtime> run`` with the OCI runtime ``oci`` (None: the default): a global flag of
+    podman's, a ``run`` flag of docker's (whose daemon knows the runtimes by name)."""
+    if oci is None:
+        return [runtime, "run"]
+    return [runtime, "--runtime", oci, "run"] if runtime == "podman" else [runtime, "run", "--runtime", oci]
+
+
+def docker_init() -> str | None:
+    """The init of a docker container (tini, Debian's ``docker-init``) at a path under ``/usr``,
+    which every container binds from the host, or None. Docker's ``--init`` cannot serve: it binds
+    the binary at ``/sbin/docker-init``, which in arl's image is a link into the bound ``/usr``,
+    so the container fails with 'stat /sbin/docker-init: no such file or directory'; arl runs
+    the host's binary as the container's command instead."""
+    for name in ("docker-init", "tini-static", "tini"):
+        path = shutil.which(name, path="/usr/bin:/usr/sbin:/usr/libexec/docker")
+        if path is not None:
+            return path
+    return None
+
+
+def _init_args(runtime: str) -> tuple[list[str], list[str]]:
+    """(``run`` flags, command prefix) that make an init, which reaps orphans, the container's
+    pid 1: podman's ``--init`` (catatonit), docker's `docker_init` as the command."""
+    if runtime == "docker":
+        return [], [str(docker_init()), "--"]
+    return ["--init"], []
 
 
 def rootfs_tar() -> bytes:
@@ -191,9 +233,9 @@ def owner_alive(label: str) -> bool:
 
 def reap_orphans(runtime: str) -> list[str]:
     """Remove every arl container (label `LABEL`) whose owner process is gone; returns their names."""
+    label = ('{{.Label "' if runtime == "docker" else '{{index .Labels "') + OWNER_LABEL + '"}}'  # docker's is a string
     try:
-        listed = _run([runtime, "ps", "-a", "--filter", f"label={LABEL}=1",
-                       "--format", '{{.Names}} {{index .Labels "' + OWNER_LABEL + '"}}'])
+        listed = _run([runtime, "ps", "-a", "--filter", f"label={LABEL}=1", "--format", "{{.Names}} " + label])
     except (OSError, subprocess.TimeoutExpired):
         return []
     orphans = []
@@ -203,7 +245,7 @@ def reap_orphans(runtime: str) -> list[str]:
             orphans.append(name)
     if orphans:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            _run([runtime, "rm", "-f", "-t", "0", *orphans])
+            _run(_rm(runtime, *orphans))
         _log.warning("removed %d orphaned sandbox container(s) of %s: %s", len(orphans), runtime, " ".join(orphans))
     return orphans
 
@@ -213,7 +255,7 @@ def _remove_own_containers() -> None:
     for runtime, names in _started.items():
         if names:
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                _run([runtime, "rm", "-f", "-t", "0", *sorted(names)])
+                _run(_rm(runtime, *sorted(names)))
             names.clear()
 
 
@@ -231,15 +273,20 @@ def _problem(runtime: str) -> tuple[str | None, str | None, str | None]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{runtime} info failed: {exc}", None, None
     if info.returncode != 0:
-        return f"{runtime} cannot reach its engine: {_first_line(info.stderr)}", None, None
+        fix = (" (start its daemon as root: scripts/dockerd.sh, which runs dockerd --iptables=false "
+               "--bridge=none, as no container needs a network)" if runtime == "docker" else "")
+        return f"{runtime} cannot reach its engine: {_first_line(info.stderr)}{fix}", None, None
+    if runtime == "docker" and docker_init() is None:
+        return "docker's init (docker-init, Debian's tini) is not under /usr (apt-get install tini)", None, None
     try:
         image = build_image(runtime)
     except SandboxUnavailable as exc:
         return str(exc), None, None
     errors = []
     for oci in OCI_RUNTIMES:
-        argv = [runtime, *(["--runtime", oci] if oci else []), "run", "--rm", "--pull", "never",
-                "--network", "none", *_ulimit_args(SandboxLimits()), "-v", "/usr:/usr:ro", image, "/usr/bin/true"]
+        flags, init = _init_args(runtime)
+        argv = [*_run_prefix(runtime, oci), "--rm", "--pull", "never", *flags, "--network", "none",
+                *_ulimit_args(SandboxLimits()), "-v", "/usr:/usr:ro", image, *init, "/usr/bin/true"]
         try:
             done = _run(argv)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -262,7 +309,10 @@ def oci_problem(runtime: str = "podman") -> str | None:
     return _probe(runtime)[0]
 
 
-DEFAULT_SECCOMP = {"podman": "/usr/share/containers/seccomp.json"}  # docker's is built into its daemon
+# The default seccomp profile the refusals are added to. Docker's own is compiled into its daemon,
+# not a file; containers-common's (podman's default, Debian's golang-github-containers-common, which
+# podman brings) derives from the same Moby profile and is docker's base too where it is installed.
+DEFAULT_SECCOMP = {"podman": "/usr/share/containers/seccomp.json", "docker": "/usr/share/containers/seccomp.json"}
 
 
 @functools.cache
@@ -379,8 +429,8 @@ class OciSandbox(Sandbox):
     def run_argv(self) -> list[str]:
         """The ``<runtime> run`` argv that creates this sandbox's container (the isolation policy)."""
         limits = self.limits
-        argv = [self.runtime, *(["--runtime", self._oci] if self._oci else []), "run", "-d", "--pull", "never",
-                "--init",  # an init that reaps: a command's orphans would stay zombies, holding the pids limit
+        flags, init = _init_args(self.runtime)  # an init that reaps: orphans would stay zombies, holding the pids limit
+        argv = [*_run_prefix(self.runtime, self._oci), "-d", "--pull", "never", *flags,
                 "--name", self._name, "--label", f"{LABEL}=1", "--label", f"{OWNER_LABEL}={owner()}",
                 "--network", "none", "--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges",
                 *(["--security-opt", f"seccomp={self._profile}"] if self._profile else []),
@@ -400,7 +450,7 @@ class OciSandbox(Sandbox):
         for path in self.hide:
             if any(path.is_relative_to(p) for p in (*self.read_only, Path("/usr"))):
                 argv += ["--tmpfs", f"{path}:ro,size=4096"]
-        return [*argv, self.image, *_CONTAINER_CMD]
+        return [*argv, self.image, *init, *_CONTAINER_CMD]
 
     async def start(self) -> OciSandbox:
         """Create the container (once; removing orphaned ones of this runtime first, once per process)."""
@@ -415,7 +465,9 @@ class OciSandbox(Sandbox):
                 _started[self.runtime] = set()
                 await asyncio.to_thread(reap_orphans, self.runtime)
             done = await asyncio.to_thread(_run, self.run_argv())
-            if done.returncode != 0:
+            if done.returncode != 0:  # a container created but not started stays (docker's and podman's)
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    await asyncio.to_thread(_run, _rm(self.runtime, self._name))
                 raise SandboxUnavailable(f"{self.runtime} could not start the sandbox's container: "
                                          f"{_first_line(done.stderr)}")
             _started[self.runtime].add(self._name)
@@ -451,6 +503,8 @@ class OciSandbox(Sandbox):
         first = stderr.split("\n", 1)[0]
         if exit_code in (125, 126, 127, 255) and first.startswith("Error: "):  # the client's or runtime's own failure
             return first
+        if exit_code in (1, 126, 127) and first.startswith(_DOCKER_ERRORS):  # docker's: the command never ran
+            return first
         return super()._setup_error(stderr, exit_code)
 
     def _oom_kills(self) -> int | None:
@@ -472,7 +526,7 @@ class OciSandbox(Sandbox):
 def _remove_container(runtime: str, name: str, workdir: str, mounted: bool, uid: int) -> None:
     """Close an `OciSandbox`: its container removed (its processes with it), then as `_cleanup`."""
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        _run([runtime, "rm", "-f", "-t", "0", name])
+        _run(_rm(runtime, name))
     _started.get(runtime, set()).discard(name)
     _cleanup(workdir, mounted, None, uid)
 

@@ -299,8 +299,9 @@ class Sandbox:
         if workdir is not None:
             command = f"cd {shlex.quote(str(workdir))} && {command}"
         result = await self.run(command, limits=limits, stdin=stdin, env=env)
-        if result.status == "error" and not await self.alive():
-            raise SandboxDied(f"{self!r} died while running {argv[0]!r}: {result.error}")
+        # a container removed under a command: its client reports an error, or its processes SIGKILLed
+        if result.status in ("error", "killed", "oom") and not await self.alive():
+            raise SandboxDied(f"{self!r} died while running {argv[0]!r}: {result.error or result.status}")
         return result
 
     async def stop(self) -> None:

@@ -32,13 +32,13 @@ import textwrap
 import pytest
 
 from arl.sandbox.backends import backend_problem, open_sandbox
+from tests.envs.backend_params import CONTAINERS
 
 pytestmark = pytest.mark.anyio
 
 BACKENDS = [pytest.param("bwrap", marks=pytest.mark.skipif(
     backend_problem("bwrap") is not None, reason=f"bwrap unavailable: {backend_problem('bwrap')}")),
-    pytest.param("podman", marks=pytest.mark.skipif(
-        backend_problem("podman") is not None, reason=f"podman unavailable: {backend_problem('podman')}"))]
+    *CONTAINERS]
 LOCKS = ("flock", "posix", "ofd", "devnull")
 WATCHES = ("inotify", "dnotify", "fanotify")
 NAMESPACED = ("sysv", "mqueue", "shm", "abstract")

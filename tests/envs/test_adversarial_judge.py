@@ -20,14 +20,12 @@ import pytest
 
 from arl.envs.bugfix import BugFixEnv, JudgeUnavailable, assistant_message, generate_task, solution_calls
 from arl.envs.bugfix import judge as judge_module
-from arl.sandbox.backends import backend_problem
 from arl.sandbox.sandbox import SandboxLimits, bwrap_problem
+from tests.envs.backend_params import CONTAINERS
 
 pytestmark = pytest.mark.anyio
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unavailable: {bwrap_problem()}")
-needs_podman = pytest.mark.skipif(backend_problem("podman") is not None,
-                                  reason=f"podman unavailable: {backend_problem('podman')}")
-MODES = ["none", pytest.param("auto", marks=needs_bwrap), pytest.param("podman", marks=needs_podman)]
+MODES = ["none", pytest.param("auto", marks=needs_bwrap), *CONTAINERS]
 SEED = 3
 REPO = Path(__file__).resolve().parents[2]
 

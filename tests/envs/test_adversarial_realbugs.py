@@ -18,13 +18,11 @@ from arl.envs.bugfix.solver import assistant_message
 from arl.envs.realbugs.env import RealBugFixEnv
 from arl.envs.realbugs.packages import PACKAGES, ensure_package
 from arl.envs.realbugs.tasks import TASKS
-from arl.sandbox.backends import backend_problem
 from arl.sandbox.sandbox import bwrap_problem
+from tests.envs.backend_params import CONTAINERS
 
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unavailable: {bwrap_problem()}")
-needs_podman = pytest.mark.skipif(backend_problem("podman") is not None,
-                                  reason=f"podman unavailable: {backend_problem('podman')}")
-ISOLATING = [pytest.param("bwrap", marks=needs_bwrap), pytest.param("podman", marks=needs_podman)]
+ISOLATING = [pytest.param("bwrap", marks=needs_bwrap), *CONTAINERS]
 MODES = ["none", *ISOLATING]
 INFLECTION = 9  # the quickest suite; its bug fails 2 of 455 tests (an unfixed submission scores 0.996)
 TOOLZ = 1  # several test modules; its bug fails 2 of 180

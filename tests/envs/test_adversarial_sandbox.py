@@ -23,9 +23,10 @@ import textwrap
 
 import pytest
 
-from arl.sandbox.backends import backend_problem, open_sandbox
+from arl.sandbox.backends import open_sandbox
 from arl.sandbox.cgroups import cgroup_problem
 from arl.sandbox.sandbox import Sandbox, SandboxLimits, bwrap_problem
+from tests.envs.backend_params import CONTAINERS
 
 pytestmark = pytest.mark.anyio
 
@@ -33,8 +34,7 @@ needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewra
 ROOT = os.geteuid() == 0
 MiB = 2**20
 # the same attacks against the container backend (issue 48): "auto" is bwrap where it starts
-BACKENDS = ["auto", pytest.param("podman", marks=pytest.mark.skipif(
-    backend_problem("podman") is not None, reason=f"podman unavailable: {backend_problem('podman')}"))]
+BACKENDS = ["auto", *CONTAINERS]
 
 KEY_TOOL = textwrap.dedent("""
     import ctypes, sys

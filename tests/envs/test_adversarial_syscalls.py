@@ -28,14 +28,14 @@ import pytest
 from arl.sandbox.backends import backend_problem, open_sandbox
 from arl.sandbox.bwrap import delegation_problem, fresh_uid_block, release_uid_block
 from arl.sandbox.seccomp import ARCHES
+from tests.envs.backend_params import CONTAINERS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.skipif(platform.machine() not in ARCHES,
                                                     reason=f"no syscall table for {platform.machine()}")]
 
 BACKENDS = [pytest.param("bwrap", marks=pytest.mark.skipif(
     backend_problem("bwrap") is not None, reason=f"bwrap unavailable: {backend_problem('bwrap')}")),
-    pytest.param("podman", marks=pytest.mark.skipif(
-        backend_problem("podman") is not None, reason=f"podman unavailable: {backend_problem('podman')}"))]
+    *CONTAINERS]
 
 # family -> the errno under bwrap (arl.sandbox.seccomp.REFUSED)
 EXPECTED = {"io_uring": "ENOSYS", "userfaultfd": "EPERM", "perf_event_open": "EPERM", "bpf": "EPERM",

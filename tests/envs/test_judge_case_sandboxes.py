@@ -13,13 +13,12 @@ import pytest
 
 from arl.envs.bugfix import JudgeUnavailable, generate_task
 from arl.envs.bugfix import judge as judge_module
-from arl.sandbox.backends import backend_problem
 from arl.sandbox.sandbox import bwrap_problem
+from tests.envs.backend_params import CONTAINERS
 
 pytestmark = pytest.mark.anyio
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unavailable: {bwrap_problem()}")
-MODES = ["none", pytest.param("bwrap", marks=needs_bwrap), pytest.param("podman", marks=pytest.mark.skipif(
-    backend_problem("podman") is not None, reason=f"podman unavailable: {backend_problem('podman')}"))]
+MODES = ["none", pytest.param("bwrap", marks=needs_bwrap), *CONTAINERS]
 
 # Appended to the buggy module: on import (in every case), fork until the kernel refuses, the
 # children holding their processes until their case ends; every function then takes 0-4 s by its

@@ -26,6 +26,7 @@ from arl.envs.reward_spec import (
 )
 from arl.sandbox.backends import backend_problem, open_sandbox
 from arl.sandbox.sandbox import SandboxDied, SandboxUnavailable
+from tests.envs.backend_params import CONTAINERS
 
 SEED = 3
 
@@ -287,16 +288,14 @@ def test_the_trainer_logs_a_specs_numbers_beside_the_score():
     assert not any(key.startswith("rollout/reward/") for key in rollout_metrics([episode(None)]))
 
 
-PODMAN = pytest.mark.skipif(backend_problem("podman") is not None,
-                            reason=f"podman unavailable here: {backend_problem('podman')}")
-
-
-@PODMAN
-def test_on_podman_the_spec_scores_and_a_removed_container_is_a_dead_sandbox():
+@pytest.mark.parametrize("runtime", CONTAINERS)
+def test_in_a_container_the_spec_scores_and_a_removed_container_is_a_dead_sandbox(runtime):
     import subprocess
 
+    from arl.sandbox.oci import _rm
+
     task = generate_task(SEED)
-    env = BugFixEnv(isolation="podman")
+    env = BugFixEnv(isolation=runtime)
     env.reset(seed=SEED)
     reward, info = play(env, solution_calls(task))
     assert reward == 1.0 and info["success"] and env.sandbox.closed
@@ -304,13 +303,13 @@ def test_on_podman_the_spec_scores_and_a_removed_container_is_a_dead_sandbox():
     env.reset(seed=SEED)
     env.step(assistant_message("bash", {"command": "true"}))
     container = env.sandbox.container
-    subprocess.run(["podman", "rm", "-f", "-t", "0", container], capture_output=True, check=True)
+    subprocess.run(_rm(runtime, container), capture_output=True, check=True)
     with pytest.raises(SandboxDied, match="died mid-episode"):
         env.step(assistant_message("bash", {"command": "ls"}))
     # removed between the agent's last command and the reward: the reward is an error, not a 0
     env.reset(seed=SEED)
     env.step(assistant_message("bash", {"command": "true"}))
-    subprocess.run(["podman", "rm", "-f", "-t", "0", env.sandbox.container], capture_output=True, check=True)
+    subprocess.run(_rm(runtime, env.sandbox.container), capture_output=True, check=True)
     with pytest.raises(RewardSandboxDied, match="gone before scoring"):
         env.step(assistant_message("submit", {}))
     env.close()

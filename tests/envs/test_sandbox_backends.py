@@ -25,8 +25,9 @@ pytestmark = pytest.mark.anyio
 CONCRETE = [pytest.param(b, marks=pytest.mark.skipif(backend_problem(b) is not None,
                                                       reason=f"{b} unavailable here: {backend_problem(b)}"))
             for b in ("bwrap", "podman", "docker", "none")]
-PODMAN = pytest.mark.skipif(backend_problem("podman") is not None,
-                            reason=f"podman unavailable here: {backend_problem('podman')}")
+CONTAINERS = [pytest.param(r, marks=pytest.mark.skipif(backend_problem(r) is not None,
+                                                       reason=f"{r} unavailable here: {backend_problem(r)}"))
+              for r in ("podman", "docker")]
 LIMITS = SandboxLimits(wall_s=10.0, cpu_s=10.0)
 
 
@@ -109,12 +110,12 @@ def test_a_named_backend_that_cannot_start_says_why(monkeypatch):
 # -- the container backend ----------------------------------------------------------------------------
 
 
-@PODMAN
-async def test_container_isolation_and_limits():
+@pytest.mark.parametrize("runtime", CONTAINERS)
+async def test_container_isolation_and_limits(runtime):
     from arl.sandbox.oci import LABEL, OWNER_LABEL, owner
 
     limits = SandboxLimits(wall_s=20.0, cpu_s=10.0, max_procs=32, total_memory_bytes=256 * 2**20)
-    sandbox = await open_sandbox(limits, backend="podman", python=True).start()
+    sandbox = await open_sandbox(limits, backend=runtime, python=True).start()
     try:
         net = await sandbox.exec(["python", "-c", "import os; print(sorted(os.listdir('/sys/class/net')))"])
         assert net.stdout.strip() == "['lo']"
@@ -131,55 +132,82 @@ async def test_container_isolation_and_limits():
         bomb = await sandbox.exec(["python", "-c", "import os\nn = 0\ntry:\n  while True:\n    os.fork() or os._exit(0) if False else None\n    pid = os.fork()\n    if pid == 0:\n      import time; time.sleep(20); os._exit(0)\n    n += 1\nexcept OSError:\n  print('refused', n)\n"])
         assert bomb.stdout.startswith("refused") and int(bomb.stdout.split()[1]) < limits.max_procs
         assert (await sandbox.exec(["true"])).ok  # the uid's leftovers were reaped
-        inspect = subprocess.run(["podman", "inspect", "-f", "{{index .Config.Labels \"" + LABEL + "\"}} "
+        inspect = subprocess.run([runtime, "inspect", "-f", "{{index .Config.Labels \"" + LABEL + "\"}} "
                                   "{{index .Config.Labels \"" + OWNER_LABEL + "\"}} {{.HostConfig.NetworkMode}} "
                                   "{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.PidsLimit}} {{.HostConfig.Memory}}",
                                   sandbox.container], capture_output=True, text=True, check=True)
         assert inspect.stdout.split() == ["1", owner(), "none", "true", "32", str(256 * 2**20)]
     finally:
         await sandbox.stop()
-    gone = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"name={sandbox.container}"],
+    gone = subprocess.run([runtime, "ps", "-a", "-q", "--filter", f"name={sandbox.container}"],
                           capture_output=True, text=True)
     assert gone.stdout.strip() == ""
 
 
-@PODMAN
-async def test_a_container_that_died_raises_and_a_missing_image_is_never_pulled():
-    sandbox = await open_sandbox(LIMITS, backend="podman").start()
+@pytest.mark.parametrize("runtime", CONTAINERS)
+async def test_a_container_that_died_raises_and_a_missing_image_is_never_pulled(runtime):
+    from arl.sandbox.oci import _rm
+
+    sandbox = await open_sandbox(LIMITS, backend=runtime).start()
     try:
-        subprocess.run(["podman", "rm", "-f", "-t", "0", sandbox.container], capture_output=True, check=True)
+        subprocess.run(_rm(runtime, sandbox.container), capture_output=True, check=True)
         with pytest.raises(SandboxDied, match="died|gone"):
             await sandbox.exec(["true"])
     finally:
         await sandbox.stop()
     with pytest.raises(SandboxUnavailable, match="never pulls"):
-        open_sandbox(LIMITS, backend="podman", image="docker.io/library/alpine:3.19")
+        open_sandbox(LIMITS, backend=runtime, image="docker.io/library/alpine:3.19")
 
 
-@PODMAN
-def test_orphaned_containers_are_reaped():
-    from arl.sandbox.oci import LABEL, OWNER_LABEL, build_image, reap_orphans
+@pytest.mark.parametrize("runtime", CONTAINERS)
+async def test_a_container_that_dies_while_a_command_runs_raises(runtime):
+    """docker exec into a container removed meanwhile exits 1 ("Error response from daemon"), like
+    a command's own exit 1: it must still read as the sandbox's death, not as the command's."""
+    from arl.sandbox.oci import _rm
+
+    sandbox = await open_sandbox(LIMITS, backend=runtime).start()
+    try:
+        running = asyncio.ensure_future(sandbox.exec(["sleep", "8"]))
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(subprocess.run, _rm(runtime, sandbox.container), capture_output=True, check=True)
+        with pytest.raises(SandboxDied):
+            await running
+    finally:
+        await sandbox.stop()
+
+
+@pytest.mark.parametrize("runtime", CONTAINERS)
+def test_orphaned_containers_are_reaped(runtime):
+    from arl.sandbox.oci import (
+        LABEL,
+        OWNER_LABEL,
+        _init_args,
+        _probe,
+        _run_prefix,
+        _ulimit_args,
+        reap_orphans,
+    )
 
     done = subprocess.Popen(["true"])  # a pid that has ended: the owner is gone
     done.wait()
     name = f"arl-orphan-test-{os.getpid()}"
-    from arl.sandbox.oci import _ulimit_args
-
-    subprocess.run(["podman", "--runtime", "runc", "run", "-d", "--pull", "never", "--name", name,
+    _, oci, image = _probe(runtime)
+    flags, init = _init_args(runtime)
+    subprocess.run([*_run_prefix(runtime, oci), "-d", "--pull", "never", *flags, "--name", name,
                     "--label", f"{LABEL}=1", "--label", f"{OWNER_LABEL}=x:{done.pid}:0", "--network", "none",
-                    *_ulimit_args(LIMITS), "-v", "/usr:/usr:ro", build_image("podman"), "/usr/bin/sleep", "60"],
+                    *_ulimit_args(LIMITS), "-v", "/usr:/usr:ro", image, *init, "/usr/bin/sleep", "60"],
                    capture_output=True, check=True)
-    assert name in reap_orphans("podman")
-    left = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"name={name}"], capture_output=True, text=True)
+    assert name in reap_orphans(runtime)
+    left = subprocess.run([runtime, "ps", "-a", "-q", "--filter", f"name={name}"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
 
 
-@PODMAN
-async def test_bugfix_env_and_its_judge_run_in_the_container():
-    env = BugFixEnv(isolation="podman")
+@pytest.mark.parametrize("runtime", CONTAINERS)
+async def test_bugfix_env_and_its_judge_run_in_the_container(runtime):
+    env = BugFixEnv(isolation=runtime)
     try:
         _, info = env.reset(seed=3)
-        assert info["isolation"] == "podman"
+        assert info["isolation"] == runtime
         reward = None
         for name, arguments in solution_calls(generate_task(3)):
             _, reward, _, _, info = await env.astep(assistant_message(name, arguments))
@@ -188,15 +216,15 @@ async def test_bugfix_env_and_its_judge_run_in_the_container():
         env.close()
 
 
-@PODMAN
-async def test_pull_mode_runs_in_the_container_as_under_bwrap(tiny_tokenizer):
+@pytest.mark.parametrize("runtime", CONTAINERS)
+async def test_pull_mode_runs_in_the_container_as_under_bwrap(tiny_tokenizer, runtime):
     """The pull-mode agent, configured by ``rollout.sandbox.backend``: the same samples as under bwrap."""
     from arl.engine.scripted import ScriptedEngine
     from arl.rollout import EpisodeSpec
     from arl.rollout.factory import close_manager, make_manager
 
     runs = {}
-    for backend in ("podman", "bwrap") if backend_problem("bwrap") is None else ("podman",):
+    for backend in (runtime, "bwrap") if backend_problem("bwrap") is None else (runtime,):
         engine = ScriptedEngine(tiny_tokenizer, invalid_rate=0.3)
         rollout = RolloutConfig(env_id="arl/FrozenLake-v0", mode="proxy", manager=ManagerConfig(max_tokens=24),
                                 proxy=ProxyConfig(runner="pull", runner_kwargs={
@@ -211,7 +239,7 @@ async def test_pull_mode_runs_in_the_container_as_under_bwrap(tiny_tokenizer):
         assert episode.trajectory.status == "Finished", episode.trajectory.error
         runs[backend] = episode
     if "bwrap" in runs:
-        a, b = runs["podman"], runs["bwrap"]
+        a, b = runs[runtime], runs["bwrap"]
         assert a.trajectory.episode_score == b.trajectory.episode_score and len(a.samples) == len(b.samples) > 0
         assert [(x.input_ids, x.response_mask) for x in a.samples] == [(y.input_ids, y.response_mask) for y in b.samples]
 
@@ -228,13 +256,13 @@ def test_the_image_is_built_from_this_host_alone_and_named_by_its_content(monkey
     assert problem is not None and "needs root" in problem
 
 
-@PODMAN
-async def test_a_container_command_env_is_on_no_host_command_line():
+@pytest.mark.parametrize("runtime", CONTAINERS)
+async def test_a_container_command_env_is_on_no_host_command_line(runtime):
     """``podman exec --env K=V`` put an episode's values in the client's argv, which every user of
     the host reads in /proc/<pid>/cmdline (issue 47): the values go through an unnamed env file."""
     secret = "arl-env-secret-" + os.urandom(6).hex()
     seen: list[str] = []
-    async with open_sandbox(LIMITS, backend="podman", env={"ARL_SECRET": secret}) as sb:
+    async with open_sandbox(LIMITS, backend=runtime, env={"ARL_SECRET": secret}) as sb:
         running = asyncio.ensure_future(sb.run('echo "$ARL_SECRET" "$ARL_OTHER"; sleep 3',
                                                env={"ARL_OTHER": "second=value with spaces"}))
         for _ in range(40):  # while the command runs: every command line on the host
