@@ -10,14 +10,16 @@ variants interleaved A/B/C in a rotating order, so load drifts hit them alike):
   (plain), `Sandbox.run` with isolation "none" (the limits wrapper, pipes read under the output
   cap), with "none" in a pull-mode agent given tool uids (as root: each command dropped with
   ``setpriv`` to a uid of the block, its leftovers reaped by uid; `arl.sandbox.uid_delegation`) and
-  with "bwrap" (new namespaces per command, binds, the uid drop as root), and with "podman" where
-  it starts (`arl.sandbox.oci`: a ``podman exec`` into the sandbox's container per command);
+  with "bwrap" (new namespaces per command, binds, the uid drop as root), and with "podman" and
+  "docker" where each starts (`arl.sandbox.oci`: a ``<runtime> exec`` into the sandbox's container
+  per command);
 - start-up: `Sandbox(...)` + ``start()`` + `close()` (work dir made, chowned, removed; bwrap's probe
-  is cached; podman's container created and removed);
-- bug-fix evaluation: `BugFixEnv.reset` + ``submit()`` (the hidden tests run in the sandbox).
+  is cached; a container created and removed);
+- bug-fix evaluation: `BugFixEnv.reset` + ``submit()`` (the hidden tests run in the sandbox), and
+  what its median makes of one episode after another: episodes per second.
 
-Ratios are to the plain subprocess row of the same command. Without bubblewrap (podman) the bwrap
-(podman) rows are skipped, and said so.
+Ratios are to the plain subprocess row of the same command. A backend that cannot start here has
+its rows skipped, and said so; ``--backends`` names the ones to time (default: every one).
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ from _util import result_path, table, write_result  # noqa: E402
 from arl.envs.bugfix import BugFixEnv, assistant_message  # noqa: E402
 from arl.sandbox.backends import backend_problem, open_sandbox  # noqa: E402
 from arl.sandbox.bwrap import fresh_uid_block  # noqa: E402
-from arl.sandbox.sandbox import Sandbox, SandboxLimits, bwrap_problem  # noqa: E402
+from arl.sandbox.sandbox import Sandbox, SandboxLimits  # noqa: E402
 from arl.sandbox.uid_delegation import TOOL_UIDS_ENV, format_uids  # noqa: E402
 
 TOOL_UID = "none (tool uid)"  # the variant: "none" in a process given a block of tool uids
+ALL = ("none", TOOL_UID, "bwrap", "podman", "docker")  # the variants, in the table's order
 
 # The distribution's python where there is one: a command dropped to a tool uid must be able to
 # run it (an interpreter under a 0700 home, like pyenv's under /root, is closed to other uids).
@@ -127,7 +130,8 @@ def evaluation(repeats: int, isolation: str) -> dict:
         assert terminated
         durations.append(time.perf_counter() - start)
     env.close()
-    return {"row": "bug-fix reset + submit", "variant": isolation, **stats(durations), "ratio": None}
+    row = {"row": "bug-fix reset + submit", "variant": isolation, **stats(durations), "ratio": None}
+    return {**row, "episodes_per_s": 1e3 / row["median_ms"]}  # one episode after another
 
 
 def main() -> None:
@@ -135,26 +139,29 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke size")
     parser.add_argument("--repeats", type=int, default=None, help="default 200 (quick: 10)")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/sandbox.json")
+    parser.add_argument("--backends", default=",".join(ALL), help=f"comma-separated, of {','.join(ALL)}")
     args = parser.parse_args()
     started = time.perf_counter()
     repeats = args.repeats or (10 if args.quick else 200)
-    problem = bwrap_problem()
-    isolations = ["none"] + ([TOOL_UID] if os.geteuid() == 0 else []) + (["bwrap"] if problem is None else [])
-    if problem is not None:
-        print(f"bwrap rows skipped: {problem}")
-    if (podman := backend_problem("podman")) is None:
-        isolations.append("podman")
-    else:
-        print(f"podman rows skipped: {podman}")
+    wanted = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if unknown := sorted(set(wanted) - set(ALL)):
+        parser.error(f"unknown backends {unknown} (of {ALL})")
+    problems = {b: backend_problem("none" if b == TOOL_UID else b) for b in ALL}
     if os.geteuid() != 0:
-        print("tool-uid rows skipped: not root (only root can drop a command to another uid)")
+        problems[TOOL_UID] = "not root (only root can drop a command to another uid)"
+    isolations = [b for b in ALL if b in wanted and problems[b] is None]
+    for b in wanted:
+        if problems[b] is not None:
+            print(f"{b} rows skipped: {problems[b]}")
     rows = asyncio.run(measure(repeats, isolations))
     rows += [evaluation(max(3, repeats // 4), iso) for iso in isolations if iso != TOOL_UID]
-    print(table(["what", "variant", "median ms", "p95 ms", "x plain"],
+    print(table(["what", "variant", "median ms", "p95 ms", "x plain", "episodes/s"],
                 [[r["row"], r["variant"], f"{r['median_ms']:.1f}", f"{r['p95_ms']:.1f}",
-                  "" if r["ratio"] is None else f"{r['ratio']:.1f}"] for r in rows]))
+                  "" if r["ratio"] is None else f"{r['ratio']:.1f}",
+                  f"{r['episodes_per_s']:.2f}" if "episodes_per_s" in r else ""] for r in rows]))
     write_result(args.out or result_path("sandbox", args.quick), args,
-                 {"rows": rows, "bwrap_problem": problem, "podman_problem": podman}, started)
+                 {"rows": rows, "bwrap_problem": problems["bwrap"], "podman_problem": problems["podman"],
+                  "docker_problem": problems["docker"]}, started)
 
 
 if __name__ == "__main__":

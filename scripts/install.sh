@@ -46,6 +46,24 @@ if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; the
   fi
 fi
 
+# docker: the sandbox's other container backend (rollout.sandbox.backend: docker), opt-in with
+# ARL_DOCKER=1: Debian's docker.io (with containerd, ~62 MB to download, ~250 MB installed) runs a
+# root daemon, which nothing starts inside a container; scripts/dockerd.sh starts it here (and
+# after each restart of the machine). containers-common holds the seccomp profile the backend
+# builds on. Without it the docker backend's tests skip, saying why.
+if [ "${ARL_DOCKER:-0}" = 1 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    if ! command -v dockerd >/dev/null 2>&1; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io tini \
+        golang-github-containers-common >/dev/null 2>&1 \
+        || echo "note: apt-get could not install docker.io; the sandbox's docker backend is unavailable"
+    fi
+    bash scripts/dockerd.sh || echo "note: dockerd did not start; the sandbox's docker backend is unavailable"
+  else
+    echo "note: ARL_DOCKER=1 needs root (apt-get install docker.io tini, then scripts/dockerd.sh)"
+  fi
+fi
+
 # chromium: the headless browser the test of `arl view`'s report renders it in (tests/viz/test_browser.py);
 # only the test suite needs it (skipped without it, except under ARL_REQUIRE_BROWSER=1, as in CI).
 if ! command -v chromium >/dev/null 2>&1; then
