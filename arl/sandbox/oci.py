@@ -41,7 +41,7 @@ with SIGKILL leaves nothing running past the next start.
 
 What this host needs (`oci_problem` says what is missing): the runtime's client, run as root (a
 rootless runtime maps uids, and `reap_uid` cannot find a command's processes: refused, not half
-supported), and an OCI runtime that starts a container here. Where the default one (podman's
+supported; `rootless_problem` also names the host conditions that fail rootless), and an OCI runtime that starts a container here. Where the default one (podman's
 crun) cannot (a cgroup v1/v2 hybrid host), ``runc`` is tried (`OCI_RUNTIMES`). Docker also needs
 its daemon running (Debian's ``docker.io``; where no init system starts it, scripts/dockerd.sh)
 and its init, tini, under ``/usr``.
@@ -259,6 +259,104 @@ def _remove_own_containers() -> None:
             names.clear()
 
 
+def subordinate_ids(text: str, user: str, uid: int) -> list[range]:
+    """The ranges ``/etc/subuid`` (or ``/etc/subgid``) text gives ``user`` (by name or uid).
+
+    >>> subordinate_ids("arl:100000:65536\\nbob:165536:65536\\n1001:300000:10\\n", "arl", 1001)
+    [range(100000, 165536), range(300000, 300010)]
+    """
+    found = []
+    for line in text.splitlines():
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[0] in (user, str(uid)) and parts[1].isdigit() and parts[2].isdigit():
+            found.append(range(int(parts[1]), int(parts[1]) + int(parts[2])))
+    return found
+
+
+def rootless_conditions(*, user: str, uid: int, subuid: str, subgid: str, idmap_tools: bool,
+                        cgroup_v2_only: bool, delegated: frozenset[str] | None) -> list[str]:
+    """The host conditions under which a rootless podman cannot give arl's sandboxes what the
+    backend promises, each with its fix; [] where the host has them all. Measured on a cgroup
+    v1/v2 hybrid host with podman 4.3 (docs/threat_model.md): crun refuses the host ("cgroups in
+    hybrid mode not supported"), runc starts a rootless container but warns "Resource limits are
+    not supported and ignored on cgroups V1 rootless systems" and ignores ``--memory``,
+    ``--pids-limit`` (60 processes ran under a limit of 32) and ``--cpus``. ``delegated``: the
+    cgroup controllers of the user's own v2 cgroup (None: not read).
+
+    >>> rootless_conditions(user="a", uid=1001, subuid="", subgid="", idmap_tools=True,
+    ...                     cgroup_v2_only=True, delegated=frozenset({"memory", "pids", "cpu"}))[0][:42]
+    'user a has no subordinate uids in /etc/sub'
+    """
+    found = []
+    if not subordinate_ids(subuid, user, uid) or not subordinate_ids(subgid, user, uid):
+        found.append(f"user {user} has no subordinate uids in /etc/subuid or gids in /etc/subgid, so a rootless "
+                     f"runtime cannot map a container's users (usermod --add-subuids 100000-165535 "
+                     f"--add-subgids 100000-165535 {user})")
+    if not idmap_tools:
+        found.append("newuidmap/newgidmap are not installed setuid (apt-get install uidmap)")
+    if not cgroup_v2_only:
+        found.append("this host's cgroups are v1 or a v1/v2 hybrid (/sys/fs/cgroup is not one cgroup2 mount), on "
+                     "which podman ignores a rootless container's --memory, --pids-limit and --cpus ('Resource "
+                     "limits are not supported and ignored on cgroups V1 rootless systems'), so the sandbox's "
+                     "whole-sandbox limits would not hold (a cgroup v2 host: systemd.unified_cgroup_hierarchy=1)")
+    elif delegated is not None and not {"memory", "pids", "cpu"} <= delegated:
+        missing = ", ".join(sorted({"memory", "pids", "cpu"} - delegated))
+        found.append(f"the user's cgroup has no {missing} controller delegated to it, so a rootless container's "
+                     "limits cannot be set (systemd: Delegate=memory pids cpu for user@.service)")
+    return found
+
+
+def rootless_problem(runtime: str) -> str:
+    """Why ``runtime`` is refused for a process that is not root: for podman, each failing host
+    condition of `rootless_conditions`, read from this host; then what no host changes: each
+    sandbox runs as a uid of its own (`fresh_uid`, 2**24 and above), outside any user's
+    subordinate range (in a rootless container such a uid fails: runc's 'setgroups: invalid
+    argument'), and its leftovers are found by that uid on the host, which a rootless runtime
+    maps to another. Docker as a non-root user reaches root's daemon only through its socket
+    (group ``docker``: root on the host in all but name)."""
+    import pwd
+
+    uid = os.geteuid()
+    if runtime == "docker":
+        return (f"docker as a non-root user (uid {uid}) is not rootless: it drives root's daemon through its socket "
+                "(group docker is root-equivalent), and the backend needs root itself (each sandbox's work dir "
+                "is chowned to a uid of its own); run arl as root")
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+
+    def read(path: str) -> str:
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    from arl.sandbox.cgroups import _mounts, _own_paths
+
+    mounts = _mounts()
+    v2_only = mounts.get("v2") == Path("/sys/fs/cgroup") and "memory" not in mounts and "pids" not in mounts
+    delegated = None
+    if v2_only:
+        controllers = read(f"/sys/fs/cgroup{_own_paths().get('v2', '/')}/cgroup.controllers")
+        delegated = frozenset(controllers.split()) if controllers else None
+    def setuid(tool: str) -> bool:
+        path = shutil.which(tool)
+        try:
+            return path is not None and bool(os.stat(path).st_mode & 0o4000)
+        except OSError:
+            return False
+
+    tools = setuid("newuidmap") and setuid("newgidmap")
+    found = rootless_conditions(user=user, uid=uid, subuid=read("/etc/subuid"), subgid=read("/etc/subgid"),
+                                idmap_tools=tools, cgroup_v2_only=v2_only, delegated=delegated)
+    host = ("; on this host: " + "; ".join(found)) if found else ""
+    return (f"{runtime} runs rootless here (uid {uid}), which the backend refuses{host}; and on any host: each sandbox "
+            "runs as a uid of its own (2**24 and above), outside every subordinate range, and its leftovers are "
+            "found by that uid on the host, which a rootless runtime maps to another; run arl as root")
+
+
 def _problem(runtime: str) -> tuple[str | None, str | None, str | None]:
     """(why ``runtime`` cannot run arl's sandboxes here or None, the OCI runtime that works, the image)."""
     if runtime not in RUNTIMES:
@@ -266,8 +364,7 @@ def _problem(runtime: str) -> tuple[str | None, str | None, str | None]:
     if shutil.which(runtime) is None:
         return f"{runtime} is not installed (Debian: apt-get install {runtime if runtime == 'podman' else 'docker.io'})", None, None
     if os.geteuid() != 0:
-        return (f"{runtime} runs rootless here (not root): the backend needs root, whose container uids are "
-                "the host's (see arl.sandbox.oci)"), None, None
+        return rootless_problem(runtime), None, None
     try:
         info = _run([runtime, "info"])
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -531,5 +628,6 @@ def _remove_container(runtime: str, name: str, workdir: str, mounted: bool, uid:
     _cleanup(workdir, mounted, None, uid)
 
 
-__all__ = ["IMAGE_REPO", "LABEL", "OWNER_LABEL", "RUNTIMES", "OciSandbox", "build_image", "image_exists",
-           "oci_problem", "owner", "owner_alive", "reap_orphans", "rootfs_tar"]
+__all__ = ["IMAGE_REPO", "LABEL", "OWNER_LABEL", "RUNTIMES", "OciSandbox", "build_image", "docker_init", "image_exists",
+           "oci_problem", "owner", "owner_alive", "reap_orphans", "rootfs_tar", "rootless_conditions", "rootless_problem",
+           "subordinate_ids"]

@@ -250,10 +250,38 @@ def test_the_image_is_built_from_this_host_alone_and_named_by_its_content(monkey
     first, second = oci.rootfs_tar(), oci.rootfs_tar()
     assert first == second and oci.image_tag(first) == oci.image_tag(second)
     assert oci.image_tag(first).startswith(oci.IMAGE_REPO + ":")
-    monkeypatch.setattr(oci.os, "geteuid", lambda: 1000)  # a rootless runtime: refused with the reason
-    monkeypatch.setattr(oci.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+
+def _cgroup_mounts() -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split(" - ", 1)[1].split()[0] for line in f if line.split()[4].startswith("/sys/fs/cgroup")]
+
+
+def test_rootless_podman_is_refused_naming_the_host_condition_that_fails(monkeypatch):
+    """Measured on this hybrid-cgroup host (podman 4.3, a user with subordinate ids): crun refuses
+    the host, runc runs a rootless container but ignores its --memory/--pids-limit/--cpus. The
+    refusal names that condition where the host has it, and what no host changes (a sandbox's own
+    uid); a host that lacks subordinate ids or newuidmap is told so, each with its fix."""
+    from arl.sandbox import oci
+
+    monkeypatch.setattr(oci.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(oci.shutil, "which", lambda name, *a, **k: f"/usr/bin/{name}")
     problem, _, _ = oci._problem("podman")
-    assert problem is not None and "needs root" in problem
+    assert problem is not None and problem.startswith("podman runs rootless here (uid 1000)")
+    assert "outside every subordinate range" in problem and "run arl as root" in problem
+    hybrid = _cgroup_mounts() != ["cgroup2"]  # this host: tmpfs + v1 hierarchies + a cgroup2 at .../unified
+    assert ("Resource limits are not supported and ignored on cgroups V1 rootless systems" in problem) == hybrid
+    assert "docker as a non-root user" in oci._problem("docker")[0]
+
+    good = dict(user="arl", uid=1001, subuid="arl:100000:65536\n", subgid="1001:100000:65536\n",
+                idmap_tools=True, cgroup_v2_only=True, delegated=frozenset({"memory", "pids", "cpu", "io"}))
+    assert oci.rootless_conditions(**good) == []
+    for change, expected in [({"subuid": "bob:100000:65536\n"}, "usermod --add-subuids"),
+                             ({"idmap_tools": False}, "apt-get install uidmap"),
+                             ({"cgroup_v2_only": False}, "cgroups are v1 or a v1/v2 hybrid"),
+                             ({"delegated": frozenset({"memory", "io"})}, "no cpu, pids controller delegated")]:
+        found = oci.rootless_conditions(**{**good, **change})
+        assert len(found) == 1 and expected in found[0], (change, found)
 
 
 @pytest.mark.parametrize("runtime", CONTAINERS)
