@@ -51,6 +51,39 @@ def test_report_counts_failures_errors_and_skips():
     assert result.score(["t::a", "t::b", "t::c", "t::d"]) == 0.25
 
 
+def test_a_changed_judge_verifies_again(monkeypatch, tmp_path):
+    """A task's verification record is cached by what decides its verdict, the judge too: one an
+    older judge made (keyed by the task and its sdist alone, as before JUDGE_VERSION) is not read,
+    and a bumped JUDGE_VERSION checks the task again instead of reading the last judge's record."""
+    import hashlib
+    import json
+
+    import attrs
+
+    from arl.envs.realbugs import build, suite
+
+    monkeypatch.setenv("ARL_HOME", str(tmp_path))
+    task = TASKS[0]
+    checks = []
+
+    async def check(bug, isolation):
+        checks.append(suite.JUDGE_VERSION)
+        return {"caught": True, "status": "ok", "first_failure": f"judge {suite.JUDGE_VERSION}", "failure_text": ""}
+
+    monkeypatch.setattr(build, "check_task", check)
+    stale_key = [attrs.asdict(task), PACKAGES[task.package].sha256]  # what an older judge's record was named by
+    digest = hashlib.sha256(json.dumps(stale_key, sort_keys=True).encode()).hexdigest()[:16]
+    (tmp_path / "realbugs" / "verified").mkdir(parents=True)
+    (tmp_path / "realbugs" / "verified" / f"stale-{digest}.json").write_text(
+        json.dumps({"caught": False, "status": "ok", "first_failure": "old judge", "failure_text": ""}))
+    first = task_record(task)
+    assert first["first_failure"] == f"judge {suite.JUDGE_VERSION}" and len(checks) == 1
+    assert task_record(task) == first and len(checks) == 1  # cached for the same judge
+    monkeypatch.setattr(suite, "JUDGE_VERSION", suite.JUDGE_VERSION + 1)
+    again = task_record(task)
+    assert again["first_failure"] == f"judge {suite.JUDGE_VERSION}" and len(checks) == 2
+
+
 @pytest.mark.parametrize("seed", [1])
 def test_one_task_is_caught_by_its_package_tests(seed):
     """A sample of the build's verification, run afresh (not from the cache)."""

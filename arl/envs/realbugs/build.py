@@ -3,7 +3,8 @@
     python -m arl.envs.realbugs.build            # fetch (pip download, sha256-checked), verify TASKS, cache
     python -m arl.envs.realbugs.build --select   # the maintainers' step: re-pick TASKS from the candidates
 
-Verification (each record cached in ``$ARL_HOME/realbugs/verified/``, named by what it checked;
+Verification (each record cached in ``$ARL_HOME/realbugs/verified/``, named by what it checked
+and by the judge that checked it, `arl.envs.realbugs.suite.judge_key`, so a changed judge verifies again;
 an env reset verifies a task it finds unchecked, in seconds, so the build is a warm-up): each
 package's pristine suite passes in full in the sandbox (the ids of its tests are the reward's
 denominator), and each task's buggy file fails at least one test (pytest ``-x``: the first
@@ -28,15 +29,16 @@ from typing import Any
 import attrs
 
 from arl.envs.realbugs.packages import PACKAGES, cache_dir, ensure_package
-from arl.envs.realbugs.suite import SUITE_LIMITS, run_suite
+from arl.envs.realbugs.suite import SUITE_LIMITS, judge_key, run_suite
 from arl.envs.realbugs.tasks import STRIDES, TASKS, TASKS_FILE, RealBug, candidates
 
 CHECK_LIMITS = attrs.evolve(SUITE_LIMITS, wall_s=60.0)
 
 
 def _cached(name: str, key: Any, make: Any) -> dict[str, Any]:
-    """The record ``make()`` gave for ``key``, cached under ``$ARL_HOME/realbugs/verified``."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    """The record ``make()`` gave for ``key`` and the judge (`judge_key`), cached under
+    ``$ARL_HOME/realbugs/verified``: one an older judge made is never read."""
+    digest = hashlib.sha256(json.dumps([key, judge_key()], sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / "verified" / f"{name}-{digest}.json"
     for done in sorted(path.parent.glob(f"*-{digest}.json")):  # the digest names the check; the name is for people
         return json.loads(done.read_text())

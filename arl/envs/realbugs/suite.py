@@ -63,6 +63,20 @@ REPORT = "arl-report.xml"  # in the judge sandbox's work dir, beside nothing els
 JUDGE_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": "", "PYTEST_PLUGINS": "",
              "PYTHONNOUSERSITE": "1"}
 CONSISTENT_EXITS = {0: False, 1: True, 2: True}  # pytest's exit code -> whether the report must hold a failure
+# The judge's version: bump it with any change here or in `arl.envs.realbugs.build`'s checks that
+# can change a verdict, a test id, a count or a failure text. Every record the build caches is keyed
+# by `judge_key`, so a changed judge verifies again instead of reading what an older one concluded.
+# 1: source files only, into a read-only pristine tree, verdicts from the JUnit report checked
+# against pytest's exit code, an unusable source file left out (365b07b).
+JUDGE_VERSION = 1
+
+
+def judge_key() -> list[object]:
+    """What, beside a task and its package, decides the verdicts the build caches: `JUDGE_VERSION`,
+    the interpreter's version (the suite runs under this one) and pytest's."""
+    import pytest
+
+    return [JUDGE_VERSION, list(sys.version_info[:2]), pytest.__version__]
 
 
 @attrs.frozen
@@ -220,5 +234,5 @@ async def run_suite(
     return attrs.evolve(parsed, status=status)
 
 
-__all__ = ["JUDGE_ENV", "REPORT", "SUITE_LIMITS", "SuiteResult", "judged_status", "parse_report", "pytest_argv",
-           "run_suite"]
+__all__ = ["JUDGE_ENV", "JUDGE_VERSION", "REPORT", "SUITE_LIMITS", "SuiteResult", "judge_key", "judged_status",
+           "parse_report", "pytest_argv", "run_suite"]
