@@ -23,9 +23,10 @@ from arl.envs.bugfix.env import ARL_PACKAGE, truncate
 from arl.rollout import EpisodeSpec
 from arl.rollout.proxy import ProxyEnvManager
 from arl.sandbox.sandbox import SandboxLimits, bwrap_problem
+from tests.envs.backend_params import CONTAINERS
 
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap unavailable: {bwrap_problem()}")
-MODES = ["none", pytest.param("auto", marks=needs_bwrap)]
+MODES = ["none", pytest.param("auto", marks=needs_bwrap), *CONTAINERS]  # every backend this machine has
 
 
 def call(name, arguments, call_id="c0"):

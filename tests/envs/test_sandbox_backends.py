@@ -252,6 +252,23 @@ def test_the_image_is_built_from_this_host_alone_and_named_by_its_content(monkey
     assert oci.image_tag(first).startswith(oci.IMAGE_REPO + ":")
 
 
+def test_docker_without_its_daemon_says_how_to_start_it(monkeypatch):
+    """No init system starts dockerd in a container: the refusal names the script that does."""
+    from arl.sandbox import oci
+
+    def run(argv, *args, **kwargs):
+        assert argv[:2] == ["docker", "info"], argv  # nothing past the engine's answer
+        return subprocess.CompletedProcess(argv, 1, b"", b"Cannot connect to the Docker daemon at "
+                                           b"unix:///var/run/docker.sock. Is the docker daemon running?\n")
+
+    monkeypatch.setattr(oci.shutil, "which", lambda name, *a, **k: f"/usr/bin/{name}")
+    monkeypatch.setattr(oci.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(oci, "_run", run)
+    problem, _, _ = oci._problem("docker")
+    assert problem.startswith("docker cannot reach its engine: Cannot connect to the Docker daemon")
+    assert "scripts/dockerd.sh" in problem
+
+
 def _cgroup_mounts() -> list[str]:
     with open("/proc/self/mountinfo") as f:
         return [line.split(" - ", 1)[1].split()[0] for line in f if line.split()[4].startswith("/sys/fs/cgroup")]
