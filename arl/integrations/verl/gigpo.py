@@ -22,7 +22,8 @@ Sokoban launch): gamma 0.95, step weight 1, ``mean_norm``, episode statistics ov
 action costs 0.1 (``invalid_action_penalty_coef``). arl's own trainer defaults differ
 (``episode_stats="episodes"``, ``singleton="zero"``, no penalty); ``+algorithm.arl_gigpo.<name>=``
 overrides any of them (``norm`` is verl-agent's ``algorithm.gigpo.mode``, and ``mode`` is accepted
-here under that name: `gigpo_options`). Nothing here measured one against the other.
+here under that name: `gigpo_options`). benchmarks/README.md ("GiGPO conventions") compares the two
+on arl's trainer; the defaults stay verl-agent's, the paper's setting.
 
 GRPO needs no trainer change: `arl_grpo` (arl's conventions, docs/reference.md §3.1: unbiased std,
 singleton and constant groups give 0) is an ordinary registered estimator over the episode score.
