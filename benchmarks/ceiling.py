@@ -94,31 +94,20 @@ async def collect(game: str, batches: int, overrides: list[str]) -> tuple[list[t
 
 def sequences_logprob(model: Any, seqs: list[list[int]], prompt_lens: list[int], pad: int,
                       rendered: list[Any] | None = None) -> Any:
-    """Sum of log-probs of each sequence's tokens after its prompt. With ``rendered`` (each
-    sequence's `RenderedPrompt`, an image observation) the VLM gets the prompts' pixels and computes
-    its 3-D rotary positions from the image-token mask, as the trainer's forward does."""
-    import torch
+    """Sum of log-probs of each sequence's tokens after its prompt, scored as the trainer scores a
+    batch (`arl.train.update.sequence_logprobs` on `arl.rollout.collate`'s rows): with ``rendered``
+    (each sequence's `RenderedPrompt`, an image observation) the VLM gets the prompts' pixels and
+    computes its 3-D rotary positions from the image-token mask. Keeps the autograd graph."""
+    from arl.rollout import collate
+    from arl.rollout.records import Sample
+    from arl.train.update import sequence_logprobs
 
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long)
-    target = torch.zeros((len(seqs), width))
-    for i, (s, p) in enumerate(zip(seqs, prompt_lens, strict=True)):
-        ids[i, : len(s)] = torch.tensor(s)
-        attention[i, : len(s)] = 1
-        target[i, p : len(s)] = 1
-    if rendered and rendered[0] is not None:
-        image_mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, r in enumerate(rendered):
-            image_mask[i, : len(r.input_ids)] = torch.from_numpy(r.image_token_mask.astype(np.int64))
-        logits = model(input_ids=ids, attention_mask=attention, mm_token_type_ids=image_mask,
-                       pixel_values=torch.cat([torch.from_numpy(r.pixel_values) for r in rendered]),
-                       image_grid_thw=torch.cat([torch.from_numpy(r.image_grid_thw) for r in rendered])).logits
-    else:
-        positions = (attention.cumsum(1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
-    logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return (logp * target[:, 1:]).sum(1)
+    rendered = rendered or [None] * len(seqs)
+    samples = [Sample(s, [0] * p + [1] * (len(s) - p), [0.0] * len(s), 0.0, 0.0, "ceiling", str(i), rendered=r)
+               for i, (s, p, r) in enumerate(zip(seqs, prompt_lens, rendered, strict=True))]
+    batch = collate(samples, pad_id=pad)
+    logp = sequence_logprobs(model, batch, range(len(seqs)), 1.0, micro_batch_size=len(seqs))
+    return (logp * batch["response_mask"]).sum(1)
 
 
 def score(model: Any, test: list[tuple], moves: list[str], replies: dict[str, list[int]], pad: int) -> dict[str, float]:
