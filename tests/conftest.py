@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny model, its tokenizer, and one session-scoped real engine per vLLM backend.
+"""Shared fixtures: the tiny model, its tokenizer, and one session-scoped real engine per vLLM backend;
+tiny-vl, its tokenizer, and its HF and vLLM engines (one per test module; helpers in tests/vision_support.py).
 
 Engines are loop-agnostic (each `generate()` resolves a future on the caller's running loop), so
 one engine serves every test's event loop. Async tests use anyio's pytest plugin on asyncio.
@@ -67,6 +68,41 @@ def hf_engine(tiny_path):
     from arl.engine import make_engine
 
     engine = make_engine(backend="hf", model="tiny", max_model_len=2048)
+    yield engine
+    _close(engine)
+
+
+@pytest.fixture(scope="session")
+def vl_path() -> str:
+    """The zoo's tiny-vl (a Qwen2-VL model, random init), built once."""
+    from arl.models import resolve_model
+
+    return resolve_model("tiny-vl")
+
+
+@pytest.fixture(scope="session")
+def vl_tokenizer(vl_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(vl_path)
+
+
+@pytest.fixture(scope="module")
+def hf_vl(vl_path):
+    """An HF engine on tiny-vl, fresh for each test module (a module may train its weights)."""
+    from arl.engine.hf import HFEngine
+
+    engine = HFEngine(vl_path, max_model_len=1024)
+    yield engine
+    _close(engine)
+
+
+@pytest.fixture(scope="module")
+def vllm_vl(vl_path):
+    """An in-process vLLM engine on tiny-vl for one test module (tests that use it carry the `vllm` marker)."""
+    from arl.engine.vllm import VLLMEngine
+
+    engine = VLLMEngine(vl_path, max_model_len=1024, kv_cache_memory_bytes=64 * 2**20)
     yield engine
     _close(engine)
 

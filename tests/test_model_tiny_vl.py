@@ -6,15 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from arl.models import ZOO, resolve_model
 from arl.models.tiny_vl import IMAGE_PLACEHOLDER, VISION_TOKENS, TinyVLSpec, load_processor
-
-
-@pytest.fixture(scope="module")
-def vl_path() -> str:
-    return resolve_model("tiny-vl")
 
 
 def test_tiny_vl_is_in_the_zoo_and_cached_by_its_spec(vl_path):

@@ -32,19 +32,13 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
-def vl_path() -> str:
-    from arl.models import resolve_model
-
-    return resolve_model("tiny-vl")
-
-
-@pytest.fixture(scope="module")
 def renderer(vl_path) -> ImageRenderer:
     return ImageRenderer(vl_path)
 
 
 @pytest.fixture(scope="module")
 def hf_vl(vl_path):
+    """tests/conftest.py's, at a 512-token context (the too-many-images test names it)."""
     from arl.engine.hf import HFEngine
 
     engine = HFEngine(vl_path, max_model_len=512)
@@ -233,6 +227,7 @@ def test_the_vllm_plugin_is_registered_and_enables_only_the_named_model(vl_path,
 # -- vLLM: the engine's view == the trainer's view ----------------------------------------------------
 @pytest.fixture(scope="module")
 def vllm_vl(vl_path):
+    """tests/conftest.py's, at a 512-token context."""
     from arl.engine.vllm import VLLMEngine
 
     engine = VLLMEngine(vl_path, max_model_len=512, kv_cache_memory_bytes=64 * 2**20)

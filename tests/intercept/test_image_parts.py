@@ -8,7 +8,6 @@ so, and its proxy samples equal the traj and step managers' token for token.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
 import numpy as np
@@ -21,33 +20,9 @@ from arl.config import ManagerConfig
 from arl.engine.images import to_data_url
 from arl.intercept import BadRequest, ChatHandler, InProcessClient, MessageTracker, ProxyServer, parse_request
 from arl.rollout.records import EpisodeSpec, Sample
+from tests.vision_support import MERGE_AREA, pad_id
 
 pytestmark = pytest.mark.anyio
-
-MERGE_AREA = 4  # patches per image token (2 x 2 merged), as in tests/rollout/test_image_observations.py
-
-
-@pytest.fixture(scope="module")
-def vl_path() -> str:
-    from arl.models import resolve_model
-
-    return resolve_model("tiny-vl")
-
-
-@pytest.fixture(scope="module")
-def vl_tokenizer(vl_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(vl_path)
-
-
-@pytest.fixture(scope="module")
-def hf_vl(vl_path):
-    from arl.engine.hf import HFEngine
-
-    engine = HFEngine(vl_path, max_model_len=1024)
-    yield engine
-    asyncio.run(engine.close())
 
 
 def image(value: int, size: int = 28) -> dict:
@@ -58,10 +33,6 @@ def image(value: int, size: int = 28) -> dict:
 
 def user(*parts) -> dict:
     return {"role": "user", "content": [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]}
-
-
-def pad_id(tok) -> int:
-    return tok.convert_tokens_to_ids("<|image_pad|>")
 
 
 async def play_chat(client, *, seed: int = 3) -> None:
@@ -283,15 +254,6 @@ def test_proxy_mode_takes_image_observations_and_the_tool_runner_refuses_them():
     spec = EpisodeSpec(env_id="arl/Sokoban-v0", seed=0, group_id="g", episode_id=0)
     with pytest.raises(ValueError, match="tool runner sends text only"):
         tool_runner(None, spec, ManagerConfig(observation="image"))
-
-
-@pytest.fixture(scope="module")
-def vllm_vl(vl_path):
-    from arl.engine.vllm import VLLMEngine
-
-    engine = VLLMEngine(vl_path, max_model_len=1024, kv_cache_memory_bytes=64 * 2**20)
-    yield engine
-    asyncio.run(engine.close())
 
 
 @pytest.mark.vllm

@@ -8,8 +8,6 @@ Scripted engine (fake pixels) and HF engine here; the vLLM one carries the `vllm
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
@@ -22,34 +20,9 @@ from arl.rollout.base import IMAGE_ONLY_TEXT
 from arl.rollout.records import EpisodeSpec
 from arl.rollout.step import StepEnvManager
 from arl.rollout.traj import TrajEnvManager
+from tests.vision_support import MERGE_AREA, pad_id
 
 pytestmark = pytest.mark.anyio
-
-# patches per image token: 2 x 2 merged (tiny-vl's processor; the scripted engine's fake grid [1, 2, 2n] too)
-MERGE_AREA = 4
-
-
-@pytest.fixture(scope="module")
-def vl_path() -> str:
-    from arl.models import resolve_model
-
-    return resolve_model("tiny-vl")
-
-
-@pytest.fixture(scope="module")
-def vl_tokenizer(vl_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(vl_path)
-
-
-@pytest.fixture(scope="module")
-def hf_vl(vl_path):
-    from arl.engine.hf import HFEngine
-
-    engine = HFEngine(vl_path, max_model_len=1024)
-    yield engine
-    asyncio.run(engine.close())
 
 
 def spec(seed: int = 0, env_id: str = "arl/FrozenLake-v0") -> EpisodeSpec:
@@ -59,10 +32,6 @@ def spec(seed: int = 0, env_id: str = "arl/FrozenLake-v0") -> EpisodeSpec:
 def config(observation: str, **kw) -> ManagerConfig:
     return ManagerConfig(observation=observation, max_tokens=kw.pop("max_tokens", 12), prompt_style="compact",
                          **kw)
-
-
-def pad_id(tok) -> int:
-    return tok.convert_tokens_to_ids("<|image_pad|>")
 
 
 def check_sample(sample, turns, tok) -> None:
@@ -230,15 +199,6 @@ async def test_a_sampled_image_token_ends_the_episode_typed(vl_tokenizer):
         assert traj.exit_reason == "engine_error" and said in traj.error
         assert len(traj.turns) == 1 and len(ep.samples) == 1
         check_sample(ep.samples[0], traj.turns, vl_tokenizer)
-
-
-@pytest.fixture(scope="module")
-def vllm_vl(vl_path):
-    from arl.engine.vllm import VLLMEngine
-
-    engine = VLLMEngine(vl_path, max_model_len=1024, kv_cache_memory_bytes=64 * 2**20)
-    yield engine
-    asyncio.run(engine.close())
 
 
 @pytest.mark.vllm

@@ -24,13 +24,6 @@ def _vision(name: str) -> bool:
     return ".visual." in f".{name}"
 
 
-@pytest.fixture(scope="module")
-def vl_path() -> str:
-    from arl.models import resolve_model
-
-    return resolve_model("tiny-vl")
-
-
 def _moved(model, seed: int):
     """The trainer's model after an 'update': every weight, decoder and vision tower, moved."""
     trainer = copy.deepcopy(model)

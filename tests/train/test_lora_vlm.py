@@ -23,13 +23,6 @@ VL_RUN = ("model=tiny-vl", "steps=1", "lora.rank=8", "rollout.manager.observatio
           "optim.micro_batch_size=4", "sft.steps=1", "sft.batch_episodes=4")
 
 
-@pytest.fixture(scope="module")
-def vl_path() -> str:
-    from arl.models import resolve_model
-
-    return resolve_model("tiny-vl")
-
-
 def _adapted(model) -> list[str]:
     return [n for n, m in model.named_modules() if hasattr(m, "lora_A") and len(getattr(m, "lora_A", {}))]
 
