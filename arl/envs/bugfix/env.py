@@ -24,6 +24,15 @@ cannot be read back. A sandbox is made at reset, started at the first step, and 
 reward (`arl.envs.reward_spec.ScoredSandbox`; at the next reset or close if the episode never
 ends). The last step's ``info["final_files"]`` holds the files the tests read, for `rescore_episode`.
 
+A heavy-tailed test time (``test_latency``, off by default): ``{alpha, scale_s, cap_s}``
+(`arl.envs.latency.ParetoLatency`; a config's ``rollout.manager.env_kwargs.test_latency``) models
+a test suite whose slow test waits, as one waiting on a slow fixture or service does: the task's
+first hidden test sleeps, in its sandboxed process, min(cap_s, scale_s x Pareto(alpha)) seconds
+before its call, drawn from the task's seed (`arl.envs.bugfix.judge.latency_key`), so every run
+and every member of a group waits the same for a task, and half the tasks wait more than
+``scale_s * 2 ** (1 / alpha)``. It changes how long the reward takes, never what it is; a bad
+value raises ValueError, and so does giving it beside a ``reward_spec`` of your own.
+
 Sync and async: gymnasium's ``step`` is synchronous and runs the sandbox commands to completion
 (in a private event loop; from inside a running loop, in a worker thread, blocking the caller).
 Agent runners await ``astep`` instead, so that one episode's ``sleep 10`` does not stall every
@@ -38,6 +47,7 @@ import json
 import os
 import reprlib
 import string
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +57,7 @@ from gymnasium import spaces
 from arl.envs.bugfix import editor
 from arl.envs.bugfix.judge import HiddenTestsSpec
 from arl.envs.bugfix.tasks import BugFixTask, generate_task
+from arl.envs.latency import ParetoLatency
 from arl.envs.reward_spec import RewardSpec, ScoredSandbox
 from arl.sandbox.backends import open_sandbox
 from arl.sandbox.hostfs import encodable, tree_digest
@@ -230,11 +241,14 @@ class BugFixEnv(gym.Env):
     def __init__(
         self, *, max_steps: int = 20, limits: SandboxLimits | None = None, isolation: str | None = None,
         output_chars: int = 4000, render_mode: str | None = None, allow_unhidden_tests: bool = False,
-        reward_spec: RewardSpec | None = None,
+        reward_spec: RewardSpec | None = None, test_latency: ParetoLatency | Mapping[str, Any] | None = None,
     ) -> None:
         self.max_steps = max_steps
+        if test_latency is not None and reward_spec is not None:
+            raise ValueError("test_latency sets the default reward's (HiddenTestsSpec) slow test; with a reward_spec "
+                             "of your own, pass HiddenTestsSpec(test_latency=...) as it, or leave test_latency out")
         # the reward (arl.envs.reward_spec); not ``spec``, which is gymnasium's EnvSpec
-        self.reward_spec = reward_spec if reward_spec is not None else HiddenTestsSpec()
+        self.reward_spec = reward_spec if reward_spec is not None else HiddenTestsSpec(test_latency=test_latency)
         self.allow_unhidden_tests = bool(allow_unhidden_tests)  # see PULL_MODE_REFUSAL
         self.limits = limits or SandboxLimits()
         self.isolation = isolation

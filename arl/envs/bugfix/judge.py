@@ -44,6 +44,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ import attrs
 
 from arl.envs.bugfix import run_tests
 from arl.envs.bugfix.tasks import BugFixTask, TestCase
+from arl.envs.latency import ParetoLatency
 from arl.envs.reward_spec import RewardResult, RewardSpec, RewardUnavailable
 from arl.sandbox.backends import open_sandbox
 from arl.sandbox.sandbox import CommandResult, Sandbox, SandboxLimits, SandboxUnavailable
@@ -63,6 +65,17 @@ MAX_FILES = 64
 
 
 SPEC_NAME = "bugfix-hidden-tests"
+
+
+def latency_key(seed: int) -> str:
+    """The key `HiddenTestsSpec`'s ``test_latency`` draws task ``seed``'s wait from
+    (`arl.envs.latency.ParetoLatency.draw_s`): the seed alone, so every mode, run and group member
+    playing the task waits the same.
+
+    >>> latency_key(7)
+    'bugfix-tests|7'
+    """
+    return f"bugfix-tests|{int(seed)}"
 
 
 class JudgeUnavailable(RewardUnavailable):
@@ -159,12 +172,16 @@ def passes(case: TestCase, reported: tuple[str, Any]) -> bool:
 
 async def judge(
     task: BugFixTask, workdir: Path, *, isolation: str | None = None, case_limits: SandboxLimits = CASE_LIMITS,
-    concurrency: int = 16, cases_per_process: int = 1,
+    concurrency: int = 16, cases_per_process: int = 1, wait_s: float = 0.0,
 ) -> Verdict:
     """Run ``task``'s hidden tests against the ``*.py`` files of ``workdir`` (see the module
     docstring), ``concurrency`` runners at a time, each in a sandbox of its own of backend
     ``isolation`` (None: the configured one). Raises `JudgeUnavailable` when a runner could not
     start, alone, on a second try.
+
+    ``wait_s`` > 0 makes the task's first hidden test a slow one: its runner process sleeps that
+    long before the test's call (`arl.envs.bugfix.run_tests`), in its sandbox, whose wall limit
+    is ``case_limits.wall_s + wait_s``; the run takes that much longer, its verdict is the same.
 
     ``cases_per_process``: 1 (default) gives every test a process (and sandbox) of its own; more
     share one process (each a sandboxed command: ~5x cheaper for a whole task in one), which is as
@@ -182,11 +199,15 @@ async def judge(
         command = f"{interpreter()} -I -S -B {scratch / RUNNER.name} {code}"
         gate = asyncio.Semaphore(concurrency)
 
+        slow = task.cases[0] if wait_s > 0 and task.cases else None
+
         async def one(cases: tuple[TestCase, ...]) -> CommandResult:
             job = {"module": task.module, "cases": [
-                {"function": case.function, "args": run_tests.encode(case.args)} for case in cases]}
+                {"function": case.function, "args": run_tests.encode(case.args),
+                 **({"wait_s": wait_s} if case is slow else {})} for case in cases]}
+            limits = attrs.evolve(case_limits, wall_s=case_limits.wall_s + wait_s) if any(case is slow for case in cases) else case_limits
             async with gate:
-                sandbox = open_sandbox(case_limits, backend=isolation, python=True, hide=[ARL_PACKAGE],
+                sandbox = open_sandbox(limits, backend=isolation, python=True, hide=[ARL_PACKAGE],
                                        read_only=[scratch])
                 try:
                     return await sandbox.run(command, stdin=json.dumps(job) + "\n")
@@ -224,22 +245,35 @@ class HiddenTestsSpec(RewardSpec):
     counts and why each failed test failed. ``timeout_s`` bounds the whole judge: its cases are
     bounded by ``case_limits`` each, 11 cases at 16 at a time take one ``wall_s`` (10 s), and each
     case that did not start is re-run alone (another ``wall_s`` each, 110 s if none started), so
-    the default of 300 s is only reached by a judge that could not have decided anyway."""
+    the default of 300 s is only reached by a judge that could not have decided anyway.
+
+    ``test_latency`` (`arl.envs.latency.ParetoLatency`, or a mapping of its fields; None: off):
+    a test suite whose slow test waits. Task seed s's first hidden test sleeps
+    ``test_latency.draw_s(latency_key(s))`` seconds in its sandboxed process before its call
+    (`judge`'s ``wait_s``): a heavy-tailed test time, the same for a task on every run, that
+    changes no verdict. ``timeout_s`` is raised by ``cap_s``, the most it can add."""
 
     name = SPEC_NAME
 
     def __init__(self, *, timeout_s: float = 300.0, case_limits: SandboxLimits = CASE_LIMITS, concurrency: int = 16,
-                 cases_per_process: int = 1) -> None:
-        self.timeout_s = float(timeout_s)
+                 cases_per_process: int = 1, test_latency: ParetoLatency | Mapping[str, Any] | None = None) -> None:
+        self.test_latency = ParetoLatency.from_config(test_latency, option="test_latency")
+        self.timeout_s = float(timeout_s) + (self.test_latency.cap_s if self.test_latency else 0.0)
         self.case_limits = case_limits
         self.concurrency = concurrency
         self.cases_per_process = cases_per_process
 
+    def wait_s(self, task: BugFixTask) -> float:
+        """How long ``task``'s slow test waits (0 without ``test_latency``)."""
+        return self.test_latency.draw_s(latency_key(task.seed)) if self.test_latency else 0.0
+
     async def score(self, sandbox: Sandbox, task: BugFixTask) -> RewardResult:
         verdict = await judge(task, sandbox.workdir, isolation=sandbox.isolation, case_limits=self.case_limits,
-                              concurrency=self.concurrency, cases_per_process=self.cases_per_process)
+                              concurrency=self.concurrency, cases_per_process=self.cases_per_process,
+                              wait_s=self.wait_s(task))
         return RewardResult(verdict.score, {case.name: case.name in verdict.passed for case in task.cases},
                             {"passed": len(verdict.passed), "total": verdict.total, "failed": dict(verdict.details)})
 
 
-__all__ = ["CASE_LIMITS", "SPEC_NAME", "HiddenTestsSpec", "JudgeUnavailable", "Verdict", "copy_sources", "interpreter", "judge", "outcomes_of", "passes"]
+__all__ = ["CASE_LIMITS", "SPEC_NAME", "HiddenTestsSpec", "JudgeUnavailable", "Verdict", "copy_sources", "interpreter", "judge",
+           "latency_key", "outcomes_of", "passes"]

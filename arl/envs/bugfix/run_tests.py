@@ -1,13 +1,20 @@
 """Hidden test cases, run inside a judge sandbox: call functions, print what they returned.
 
     python -I -S -B run_tests.py MODULE_DIR
-        stdin: one JSON line, {"module": M, "cases": [{"function": F, "args": ARGS}, ...]}
+        stdin: one JSON line, {"module": M, "cases": [{"function": F, "args": ARGS, "wait_s": W}, ...]}
 
 Writes `READY` to the stdout it started with, then imports M from MODULE_DIR (last on
 ``sys.path``: a module of the agent's cannot shadow the standard library) and, for each case in
 order, calls F on the decoded ARGS and writes one JSON line: ``["value", <encoded result>]``,
 ``["raises", "<type name>"]`` (an ``Exception``, as the hidden tests catch them) or ``["error",
 "<why>"]``. The judge sends one case per process by default (`arl.envs.bugfix.judge`).
+
+A case with ``wait_s`` (optional, seconds) is a slow test: it sleeps that long before its call,
+as a test waiting on a slow fixture does (the env's ``test_latency``, `arl.envs.bugfix.env`); a
+module that failed to import fails its cases at once, without the wait, as pytest fails a test
+file that cannot import. The sleep is bound before the code under test is imported, so patching
+``time.sleep`` does not skip it (code that reaches into this process could; it would change only
+how long the run takes, never a result).
 
 Why it decides nothing: the code under test runs in this process, so anything here it can read or
 change (a nonce, the reporting calls, the expected values) it can forge. This process therefore
@@ -25,6 +32,7 @@ result cannot smuggle in an object whose ``__eq__`` says yes to anything.
 import json
 import os
 import sys
+import time
 
 READY = "arl-judge-ready"
 _PLAIN = (type(None), bool, int, float, str)
@@ -66,6 +74,8 @@ def main() -> None:
     job = json.loads(sys.stdin.readline())
     module_dir = sys.argv[1]
     calls = [(case["function"], decode(case["args"])) for case in job["cases"]]
+    waits = [float(case.get("wait_s", 0.0)) for case in job["cases"]]
+    sleep = time.sleep  # before the code under test can replace it
     report = os.dup(1)
     os.write(report, (READY + "\n").encode())
     # The code under test's prints (even os.write(1, ...)) go nowhere; only `report` is read.
@@ -81,10 +91,12 @@ def main() -> None:
                 raise ImportError(f"cannot import {function}")
     except BaseException as exc:  # noqa: BLE001 -- the module under test may raise anything
         module, failed = None, json.dumps(["error", f"import: {type(exc).__name__}"])
-    for function, args in calls:
+    for (function, args), wait in zip(calls, waits, strict=True):
         if module is None:
             os.write(report, (failed + "\n").encode())
             continue
+        if wait > 0:
+            sleep(wait)
         try:
             value = getattr(module, function)(*args)
         except Exception as exc:  # noqa: BLE001 -- what the hidden tests accept as "raises"
