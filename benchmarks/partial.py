@@ -4,8 +4,9 @@
     .venv/bin/python benchmarks/partial.py --quick       # smoke size (hf engine, 2 x 2 episodes, 2 steps)
     .venv/bin/python benchmarks/partial.py --alpha 1.0 --base-s 0.1 rollout.num_groups=8
     .venv/bin/python benchmarks/partial.py --workload bugfix   # arl/BugFix-v0 through the proxy, scripted engine
+    .venv/bin/python benchmarks/partial.py --workload bugfix-tail  # the same, its test runs heavy-tailed
 
-Two workloads (``--workload``):
+Three workloads (``--workload``):
 
 ``game`` (the default): the demo config's game and model (no warm-start, ``rollout.manager.max_turns`` 4), each
 env step followed by a wait that does not block the event loop (as a sandboxed test run or a slow
@@ -21,6 +22,15 @@ no added latency: an episode's env time is what its sandbox commands and its tes
 gate). The tail is the environment's own, whatever it is; the summary line says it.
 ``engine.backend=vllm`` plays it with the tiny model instead (which calls no tool: every episode
 runs to its step limit, whose last step runs the tests).
+
+``bugfix-tail``: ``bugfix`` with the env's heavy-tailed test time on (``test_latency``,
+`arl.envs.bugfix.env`: a test suite whose slow test waits, inside its sandboxed process, a
+Pareto-distributed time drawn from the task's seed), ``--test-latency ALPHA,SCALE_S,CAP_S``
+(default 1.0,2.0,60), and 4 x 2 episodes a step (4 tasks a step, not 2: the tail is one per task,
+so twice the tasks give the sync mode 28 of them to draw from). A seed's task waits the same in
+every mode; the modes play overlapping seed ranges from 0, not the same sets (spare and partial
+launch more groups a step, so they reach further). Under the table: the sync mode's tasks' drawn
+waits as well.
 
 One engine serves every mode; each mode trains a fresh policy (the same initial weights) for
 ``--steps`` steps:
@@ -44,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import statistics
 import sys
 import tempfile
@@ -55,6 +64,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _util import quiet_logs, result_path, table, write_result  # noqa: E402
+
+from arl.envs.latency import ParetoLatency, pareto_scale  # noqa: E402
 
 quiet_logs()
 
@@ -67,14 +78,37 @@ QUICK_OVERRIDES = ["engine.backend=hf", "rollout.num_groups=2", "rollout.group_s
 BUGFIX_OVERRIDES = [o for o in RUN_OVERRIDES if not o.startswith("rollout.manager.max_turns")] + [
     "engine.backend=scripted", "rollout.num_groups=2", "rollout.group_size=4"]
 BUGFIX_QUICK_OVERRIDES = ["rollout.num_groups=1", "rollout.group_size=2"]
+TAIL_OVERRIDES = ["rollout.num_groups=4", "rollout.group_size=2"]  # bugfix-tail: more tasks (the tail is per task)
+TEST_LATENCY = "1.0,2.0,60"  # bugfix-tail's default --test-latency: alpha, scale_s, cap_s
+
+
+def parse_test_latency(spec: str) -> ParetoLatency:
+    """``ALPHA,SCALE_S,CAP_S`` -> the BugFix env's ``test_latency`` (ValueError on another form or a bad value).
+
+    >>> parse_test_latency("1.0,2.0,60")
+    ParetoLatency(alpha=1.0, scale_s=2.0, cap_s=60.0)
+    """
+    try:
+        alpha, scale_s, cap_s = (float(x) for x in spec.split(","))
+    except ValueError:
+        raise ValueError(f"--test-latency takes ALPHA,SCALE_S,CAP_S (three numbers), got {spec!r}") from None
+    return ParetoLatency(alpha=alpha, scale_s=scale_s, cap_s=cap_s)
+
+
+def latency_override(latency: ParetoLatency) -> str:
+    """The config override that turns the env's test latency on (``rollout.manager.env_kwargs``).
+
+    >>> latency_override(ParetoLatency(alpha=1.0, scale_s=2.0, cap_s=60.0))
+    'rollout.manager.env_kwargs.test_latency={alpha: 1.0, scale_s: 2.0, cap_s: 60.0}'
+    """
+    return (f"rollout.manager.env_kwargs.test_latency="
+            f"{{alpha: {latency.alpha}, scale_s: {latency.scale_s}, cap_s: {latency.cap_s}}}")
 
 
 def episode_scale(group_id: str, member: int, alpha: float, cap: float) -> float:
     """The episode's latency multiplier: Pareto(alpha) with minimum 1, capped; a stable hash of the
-    group and member draws it, so every mode and every run plays the same one."""
-    digest = hashlib.sha256(f"{group_id}|{member}".encode()).digest()
-    u = int.from_bytes(digest[:8], "little") / 2**64
-    return min(cap, (1.0 - u) ** (-1.0 / alpha))
+    group and member draws it (`arl.envs.latency.pareto_scale`), so every mode and every run plays the same one."""
+    return pareto_scale(f"{group_id}|{member}", alpha, cap)
 
 
 def long_tail_manager(engine: Any, config: Any, args: argparse.Namespace) -> Any:
@@ -117,7 +151,7 @@ def counted_manager(engine: Any, config: Any) -> Any:
     from arl.rollout.factory import make_manager
 
     manager = make_manager(engine, config.rollout)
-    manager.generated, manager.env_s = 0, []
+    manager.generated, manager.env_s, manager.env_seeds = 0, [], []
     generate, run_episode = manager.generate, manager.run_episode
 
     async def counting_generate(traj, *args, **kwargs):
@@ -129,6 +163,7 @@ def counted_manager(engine: Any, config: Any) -> Any:
         episode = await run_episode(spec)
         t = episode.trajectory.timings
         manager.env_s.append(t["total"] - t.get("generate", 0.0) - t.get("paused", 0.0))
+        manager.env_seeds.append(spec.seed)
         return episode
 
     manager.generate, manager.run_episode = counting_generate, timed_run_episode  # what the proxy and scheduler call
@@ -149,7 +184,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     from arl.rollout.factory import close_manager
     from arl.train import Trainer
 
-    run_overrides = BUGFIX_OVERRIDES if args.workload == "bugfix" else RUN_OVERRIDES
+    run_overrides = BUGFIX_OVERRIDES if args.workload.startswith("bugfix") else RUN_OVERRIDES
 
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as out:
@@ -161,7 +196,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 config = load_config(args.config, [*run_overrides, *args.overrides, f"out_dir={out}",
                                                    f"name={mode}", f"steps={args.steps + 1}",
                                                    *MODES[mode](args.k, args.max_age)])
-                if args.workload == "bugfix":
+                if args.workload.startswith("bugfix"):
                     manager = counted_manager(engine, config)
                 else:
                     manager = long_tail_manager(engine, config, args)
@@ -194,13 +229,24 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                     "success": mean("rollout/success_rate"), "generated": manager.generated,
                     "trained": trained[0], "in_flight": in_flight,
                     "wasted": manager.generated - trained[0] - in_flight,
-                    "env_s": list(manager.env_s), "wall_s": wall,
+                    "env_s": list(manager.env_s), "env_seeds": list(getattr(manager, "env_seeds", [])), "wall_s": wall,
                     "dropped_groups": sum(r.get("rollout/groups_dropped", 0.0) + r.get("rollout/partial_dropped_groups", 0.0)
                                           for r in rows),
                 }
         finally:
             await engine.close()
     return results
+
+
+def drawn_waits(seeds: list[int], latency: ParetoLatency) -> str:
+    """The summary line of the test waits the env drew for the sync mode's tasks (one per seed)."""
+    from arl.envs.bugfix.judge import latency_key
+
+    waits = [latency.draw_s(latency_key(seed)) for seed in sorted(set(seeds))]
+    med = statistics.median(waits)
+    return (f"test wait drawn per task (test_latency alpha {latency.alpha}, scale {latency.scale_s} s, cap "
+            f"{latency.cap_s} s; sync, {len(waits)} tasks): median {med:.2f} s, max {max(waits):.2f} s, "
+            f"max / median {max(waits) / med:.1f}")
 
 
 HEADER = ["mode", "step s", "x sync", "engine busy %", "generated tok", "trained tok", "wasted tok",
@@ -224,8 +270,9 @@ def summarize(results: dict[str, dict[str, Any]]) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. rollout.num_groups=8")
-    parser.add_argument("--workload", choices=("game", "bugfix"), default="game",
-                        help="game: the demo game with a Pareto env wait; bugfix: arl/BugFix-v0's own env time")
+    parser.add_argument("--workload", choices=("game", "bugfix", "bugfix-tail"), default="game",
+                        help="game: the demo game with a Pareto env wait; bugfix: arl/BugFix-v0's own env time; "
+                             "bugfix-tail: bugfix with its test runs heavy-tailed (--test-latency)")
     parser.add_argument("--config", default=None, help="default: the workload's (tiny_frozenlake_gigpo, tiny_bugfix_proxy)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--k", type=int, default=2, help="spare groups / carried-over groups")
@@ -234,19 +281,35 @@ def main() -> None:
     parser.add_argument("--base-s", type=float, default=0.05, help="env wait per step of a scale-1 episode")
     parser.add_argument("--alpha", type=float, default=1.2, help="Pareto tail index of the per-episode scale")
     parser.add_argument("--cap", type=float, default=40.0, help="the largest scale")
+    parser.add_argument("--test-latency", default=None, metavar="ALPHA,SCALE_S,CAP_S",
+                        help=f"bugfix-tail: the env's test_latency (default {TEST_LATENCY}); with --workload bugfix, "
+                             "turns it on there (its 2 x 4 episodes)")
     parser.add_argument("--quick", action="store_true", help="smoke size: hf engine, 2 x 2 episodes, 2 steps")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/partial.json")
     args = parser.parse_args()
     if args.config is None:
-        name = "tiny_bugfix_proxy" if args.workload == "bugfix" else "tiny_frozenlake_gigpo"
+        name = "tiny_bugfix_proxy" if args.workload.startswith("bugfix") else "tiny_frozenlake_gigpo"
         args.config = str(REPO / "configs" / f"{name}.yaml")
+    if args.workload == "game" and args.test_latency is not None:
+        parser.error("--test-latency is the BugFix env's: use it with --workload bugfix or bugfix-tail")
+    if args.workload == "bugfix-tail":
+        args.test_latency = args.test_latency or TEST_LATENCY
+    latency, workload = None, []  # the workload's overrides: before --quick's, which come before the user's
+    if args.test_latency is not None:
+        try:
+            latency = parse_test_latency(args.test_latency)
+        except ValueError as exc:
+            parser.error(str(exc))
+        workload = [*(TAIL_OVERRIDES if args.workload == "bugfix-tail" else []), latency_override(latency)]
+    quick = []
     if args.quick:
-        quick = BUGFIX_QUICK_OVERRIDES if args.workload == "bugfix" else QUICK_OVERRIDES
-        args.overrides, args.steps, args.base_s = [*quick, *args.overrides], 2, 0.02
+        quick = BUGFIX_QUICK_OVERRIDES if args.workload.startswith("bugfix") else QUICK_OVERRIDES
+        args.steps, args.base_s = 2, 0.02
+    args.overrides = [*workload, *quick, *args.overrides]
     started = time.perf_counter()
     results = asyncio.run(run(args))
     lines = summarize(results)
-    if args.workload == "bugfix":
+    if args.workload.startswith("bugfix"):
         print(f"Partial rollouts, {Path(args.config).name} {' '.join(args.overrides)}: the env's own time "
               f"(sandbox commands, hidden tests), {args.steps} measured steps per mode")
     else:
@@ -258,7 +321,9 @@ def main() -> None:
         med = statistics.median(env)
         print(f"episode env time (sync, {len(env)} episodes): median {med:.2f} s, max {max(env):.2f} s, "
               f"max / median {max(env) / med:.1f}")
-    name = "partial-bugfix" if args.workload == "bugfix" else "partial"
+    if latency is not None and results.get("sync", {}).get("env_seeds"):
+        print(drawn_waits(results["sync"]["env_seeds"], latency))
+    name = {"bugfix": "partial-bugfix", "bugfix-tail": "partial-bugfix-tail"}.get(args.workload, "partial")
     write_result(args.out or result_path(name, args.quick), args, {"results": results, "table": lines}, started)
 
 

@@ -157,6 +157,21 @@ def test_partial_bugfix_quick(tmp_path):
     assert len(sync["env_s"]) == 3 * 2 and min(sync["env_s"]) > 0  # (2 + 1 evaluating) steps x 1 group x 2
 
 
+def test_partial_bugfix_tail_quick(tmp_path):
+    """The heavy-tailed BugFix workload: the config's ``test_latency`` reaches the env through the
+    proxy's runner, so every episode's env time holds its task's drawn test wait (small scale here)."""
+    from arl.envs.bugfix.judge import latency_key
+    from arl.envs.latency import ParetoLatency
+
+    result = _run("partial.py", tmp_path, "--workload", "bugfix-tail", "--test-latency", "1.0,0.5,5")
+    assert result["meta"]["args"]["workload"] == "bugfix-tail"
+    latency = ParetoLatency(alpha=1.0, scale_s=0.5, cap_s=5.0)
+    for name, mode in result["results"].items():
+        assert mode["trained"] > 0 and len(mode["env_seeds"]) == len(mode["env_s"]) > 0, name
+        for seed, env_s in zip(mode["env_seeds"], mode["env_s"], strict=True):
+            assert env_s >= latency.draw_s(latency_key(seed)) >= 0.5, (name, seed, env_s)
+
+
 @pytest.mark.vllm
 def test_learning_quick(tmp_path):
     result = _run("learning.py", tmp_path, timeout=180)  # ~50 s on 2 cores; the smoke size must stay < 90 s
