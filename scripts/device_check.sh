@@ -15,6 +15,9 @@
 #    engine-trainer log-prob gap, peak CUDA memory). Every phase is time-boxed and a failed one
 #    is recorded and passed, so one hang cannot eat the budget.
 # Results: OUT/results.json, OUT/results.md (the table), OUT/device_check.log, OUT/logs/*.
+# Not in it: verl's loop (docs/verl.md "What ran where"): the `verl` extra needs at least 173 MiB of
+# wheels beyond the device's image (ray alone 76 MiB) and vLLM; scripts/gpu_check.sh's verl row runs it
+# where pip reaches PyPI.
 #
 # CPU rehearsal (this project's CPU machines): ARL_DEVICE_CHECK_CPU=1 runs the same phases on the
 # CPU with fewer steps and a smaller test selection, vLLM hidden from every phase.

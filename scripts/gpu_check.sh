@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check (issue 14 item 7), one prepared script for a machine with an NVIDIA GPU:
-#   bash scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: gpu-check/; ~10-15 min on one GPU)
+#   bash scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: gpu-check/; ~10-15 min on one GPU, the verl row not counted)
 #
 # 1. installs arl with the `gpu` extra (stock vllm with its CUDA torch) into .venv-gpu,
 # 2. runs the engine contract suite on CUDA (float32: greedy tokens and log-probs of vllm,
@@ -16,6 +16,10 @@
 #    (configs/qwen05b_sokoban_ragen.yaml: 3 steps of 2 groups x 16 episodes, <= 5 turns, evaluation only
 #    after the last step, on 32 levels). The model comes from the hub, or from a local copy:
 #    ARL_QWEN05B=/path/to/Qwen2.5-0.5B-Instruct bash scripts/gpu_check.sh.
+# 6. verl (issue 45): one step of docs/verl.md's 8-GPU launch on this one GPU, SmolLM2-135M built
+#    locally, vLLM rollout, each stage checked in verl's metrics (scripts/gpu_check_verl.sh, its own
+#    venv .venv-gpu-verl; files in OUT_DIR/verl/). A failure there is reported, and the check's
+#    exit status says so; it runs last, so the rows above never wait on it. ARL_GPU_CHECK_VERL=0 skips it.
 # Everything it prints is also written to OUT_DIR (log, result JSONs) for the closing note.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,4 +59,10 @@ echo "== Qwen2.5-0.5B-Instruct, a slice of configs/qwen05b_sokoban_ragen.yaml (R
 $PY benchmarks/trainer_step.py --config configs/qwen05b_sokoban_ragen.yaml --steps 3 \
   --out "$OUT/step_qwen05b_sokoban_ragen_slice.json" rollout.num_groups=2 eval.every=0 eval.num_seeds=32 \
   ${ARL_QWEN05B:+model=$ARL_QWEN05B} | tail -12
+verl_rc=0
+if [ "${ARL_GPU_CHECK_VERL:-1}" = 1 ]; then
+  echo "== verl: one step of the 8-GPU launch on 1 GPU (scripts/gpu_check_verl.sh)"
+  bash scripts/gpu_check_verl.sh "$OUT" || { verl_rc=$?; echo "verl row FAILED (rc=$verl_rc): $OUT/verl/"; }
+fi
 echo "gpu check done in $(( $(date +%s) - start )) s; results in $OUT/"
+exit $verl_rc

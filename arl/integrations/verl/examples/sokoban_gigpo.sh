@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sokoban GiGPO with Qwen2.5-0.5B-Instruct on 1 node x N GPUs, arl's games and GiGPO inside verl 0.9.1.
-#   pip install -e '.[verl]' 'verl[vllm]==0.9.1'      # on the GPU node (verl's vllm extra pins torch/vllm)
+#   pip install -e '.[verl]' 'vllm==0.24.0'    # on the GPU node: verl[vllm]'s vLLM pin (docs/verl.md: not that
+#                                              # extra itself, whose transformers==5.9.0 arl's floor excludes)
 #   N_GPUS=8 bash arl/integrations/verl/examples/sokoban_gigpo.sh [more hydra overrides]
 # Rollout: verl's vLLM servers; each agent-loop worker plays arl episodes (ArlAgentLoop, traj mode).
 # Update: verl's FSDP actor; advantages: arl's GiGPO per turn span (trainer mode arl_sync).
