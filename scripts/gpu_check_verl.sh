@@ -35,6 +35,8 @@ command -v nvidia-smi >/dev/null && nvidia-smi -L || { echo "no NVIDIA GPU (nvid
 
 echo "== verl row: install into $VENV (pip install -e '.[verl,smollm]' vllm==0.24.0)"
 [ -x "$PY" ] || python3 -m venv "$VENV" || exit 3
+VENV=$(cd "$VENV" && pwd)  # absolute: it goes on PATH for the launch, whose processes change directory
+PY=$VENV/bin/python
 "$PY" -m pip install --disable-pip-version-check -q -U "pip>=24" >"$OUT/install.log" 2>&1
 "$PY" -m pip install --disable-pip-version-check -q -e '.[verl,smollm]' 'vllm==0.24.0' >>"$OUT/install.log" 2>&1 \
   || { tail -20 "$OUT/install.log"; echo "verl row: install failed (log: $OUT/install.log)"; exit 3; }

@@ -194,3 +194,17 @@ def test_resume_draws_the_data_an_uninterrupted_run_draws(fit):
     assert len({tuple(b) for b in expected}) == 4  # step 4 differs from steps 1-3: a restart would show
     assert [drawn_seeds(out, step) for step in (1, 2, 3)] == expected[:3]
     assert drawn_seeds(out, 4) == expected[3]
+
+
+def test_the_gpu_checks_stage_check_reads_verls_real_console_lines(fit):
+    """scripts/gpu_check_verl.py (the GPU check's verl row) on this fit's step 1: verl's real metric
+    names, so every stage passes but the one a CPU run cannot (no CUDA memory)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_verl", REPO / "scripts" / "gpu_check_verl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _, first, _ = fit
+    result = module.check(first)
+    assert [name for name, stage in result["stages"].items() if not stage["ok"]] == ["on the GPU"], result["stages"]
+    assert {"gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights"} <= set(result["seconds"])
