@@ -302,6 +302,8 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float | None = 1.0
+    # A VLM's vision tower's learning rate (the schedule scales it like lr); None: lr, as every other weight.
+    vision_lr: float | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
     warmup_steps: int = 0
     schedule: str = attrs.field(default="constant", validator=v.in_(("constant", "cosine", "linear")))
     micro_batch_size: int = attrs.field(default=32, validator=v.ge(1))
@@ -345,6 +347,10 @@ class SFTConfig:
     # "tool_calls" (random valid `move` tool calls, for function-calling agents), or "auto"
     # (tool_calls when rollout.proxy.runner is "tool", else answers).
     teacher: str = attrs.field(default="auto", validator=v.in_(("auto", "answers", "tool_calls")))
+    # A VLM's vision tower stays frozen through the warm-start unless this is on: the targets are random
+    # actions, independent of the image, and fitting the tower to them collapses its output onto one
+    # direction (arl/train/sft.py, `frozen_vision`). RL trains it either way (optim.vision_lr).
+    train_vision: bool = False
 
 
 @attrs.define

@@ -142,6 +142,24 @@ def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def param_groups(model: Any, lr: float, vision_lr: float | None) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups: every trainable parameter at ``lr``, or, with ``vision_lr``
+    set and a VLM, the vision tower(s) (`vision_towers`) in a second group at ``vision_lr`` (0: the
+    tower stays as it is). Fixed order (decoder first), so a resume restores each group's moments.
+
+    >>> [len(g["params"]) for g in param_groups(torch.nn.Linear(2, 2), 1e-3, 1e-5)]
+    [2]
+    """
+    towers = tuple(f"{t}." for t in vision_towers(model)) if vision_lr is not None else ()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    vision = [p for n, p in named if n.startswith(towers)] if towers else []
+    ids = {id(p) for p in vision}
+    groups = [{"params": [p for _, p in named if id(p) not in ids], "lr": lr}]
+    if vision:
+        groups.append({"params": vision, "lr": vision_lr})
+    return groups
+
+
 # ------------------------------------------------------------------------- KL reference, warm-start
 
 
@@ -231,5 +249,5 @@ def remove_base(run_dir: str | os.PathLike[str]) -> None:
 
 __all__ = [
     "AdapterDisabled", "adapter_of", "base_training", "base_weights", "engine_config", "load_base",
-    "merged_weights", "remove_base", "save_base", "trainable_parameters", "vision_towers", "wrap",
+    "merged_weights", "param_groups", "remove_base", "save_base", "trainable_parameters", "vision_towers", "wrap",
 ]

@@ -30,6 +30,7 @@ from arl.envs.tools import TOOL_NAME
 from arl.rollout import GroupScheduler, collate
 from arl.rollout.factory import close_manager
 from arl.rollout.scheduler import check_batch
+from arl.train.lora import vision_towers
 from arl.train.precision import forward_precision
 from arl.train.update import response_logits, rows_of
 
@@ -79,7 +80,8 @@ async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = No
         c.rollout.env_id, num_groups=c.sft.batch_episodes, group_size=1,
         base_seed=c.seed * 1_000_003 + 500_000_000, tag="sft",
     )
-    optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=c.sft.lr)
+    frozen = [] if c.sft.train_vision else frozen_vision(trainer.model)
+    optimizer = torch.optim.AdamW([p for p in trainer.model.parameters() if p.requires_grad], lr=c.sft.lr)
     start, losses = time.perf_counter(), []
     try:
         for step in range(c.sft.steps):
@@ -88,6 +90,8 @@ async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = No
             samples = [s for s in batch.samples if s.num_response_tokens > 0]
             losses.append(await asyncio.to_thread(_sft_update, trainer.model, optimizer, samples, trainer, c))
     finally:
+        for param in frozen:
+            param.requires_grad_(True)
         if own_manager:
             await close_manager(manager)
         if own_teacher:
@@ -96,6 +100,26 @@ async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = No
     if losses:  # no step, no loss: absent, not NaN (a metric is measured or absent)
         out.update({"sft/loss_first": float(losses[0]), "sft/loss_last": float(np.mean(losses[-5:]))})
     return out
+
+
+def frozen_vision(model: Any) -> list[Any]:
+    """Freeze a VLM's vision tower(s) (`vision_towers`) for the warm-start; returns the parameters it
+    froze (the caller unfreezes them). The warm-start's targets are random actions that say nothing
+    about the image; fitting the tower to them (30 steps, the demo's warm-start) collapsed tiny-vl's
+    image tokens onto one direction: every FrozenLake cell type's mean embedding at cosine >= 0.97
+    to every other, the player's and an ice cell's at 0.9995, where the fresh tower keeps them at
+    0.39-0.72 (benchmarks/vision_probe.py, results/vision-probe-tinyvl-*.json). Under the decoder's
+    RMSNorm only the direction counts: after such a warm-start the policy cannot see where it
+    stands. Nothing for a text model.
+
+    >>> import torch
+    >>> frozen_vision(torch.nn.Linear(2, 2))
+    []
+    """
+    frozen = [p for tower in vision_towers(model) for p in model.get_submodule(tower).parameters() if p.requires_grad]
+    for param in frozen:
+        param.requires_grad_(False)
+    return frozen
 
 
 def _sft_update(model: Any, optimizer: Any, samples: list, trainer: Any, c: Any) -> float:
@@ -114,6 +138,6 @@ def _sft_update(model: Any, optimizer: Any, samples: list, trainer: Any, c: Any)
         loss = -(logp * rows["response_mask"]).sum() / total
         loss.backward()
         loss_sum += float(loss.detach())
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
     optimizer.step()
     return loss_sum

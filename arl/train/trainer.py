@@ -149,7 +149,7 @@ class Trainer:
         if c.algo.kl_coef > 0:  # under LoRA the base itself (adapter off), else a frozen copy; same precision
             self.ref_model = lora.AdapterDisabled(self.model) if self.lora else copy.deepcopy(self.model).eval()
         self.optimizer = torch.optim.AdamW(
-            lora.trainable_parameters(self.model), lr=c.optim.lr, betas=tuple(c.optim.betas),
+            lora.param_groups(self.model, c.optim.lr, c.optim.vision_lr), lr=c.optim.lr, betas=tuple(c.optim.betas),
             weight_decay=c.optim.weight_decay,
         )
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
