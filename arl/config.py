@@ -351,6 +351,19 @@ class SFTConfig:
     # actions, independent of the image, and fitting the tower to them collapses its output onto one
     # direction (arl/train/sft.py, `frozen_vision`). RL trains it either way (optim.vision_lr).
     train_vision: bool = False
+    # Perception warm-start (arl/train/perception.py), before the format warm-start: this many steps of
+    # cross-entropy on `perception_batch` random boards each, a prompt showing the board's frame and the
+    # board's grid text as the reply. It teaches a VLM that has never learned to see (the zoo's
+    # random-init tiny-vl) to read the board, what a pretrained VLM brings to RL, and nothing about
+    # which action is good; the vision tower trains. Needs a VLM and rollout.manager.observation image
+    # or both. 0 disables it.
+    perception_steps: int = attrs.field(default=0, validator=v.ge(0))
+    perception_batch: int = attrs.field(default=64, validator=v.ge(1))
+
+    @property
+    def warm_starts(self) -> bool:
+        """Whether a run starts with a warm-start (perception, format or both)."""
+        return self.steps > 0 or self.perception_steps > 0
 
 
 @attrs.define
@@ -423,6 +436,9 @@ class TrainConfig:
         if partial.enabled and partial.kv == "keep" and (self.lora.rank > 0 or self.engine.sleep_mode):
             raise ValueError("rollout.partial.kv=keep cannot keep KV across a LoRA adapter push (vLLM keys its prefix "
                              "cache by adapter) or through engine.sleep_mode (sleep drops the KV cache): use recompute")
+        if self.sft.perception_steps and self.rollout.manager.observation == "text":
+            raise ValueError("sft.perception_steps teaches a VLM to read the game's frames, and rollout.manager."
+                             "observation=text shows it none: use image or both, or sft.perception_steps=0")
         if self.engine.sleep_mode and self.rollout.max_staleness > 0:
             raise ValueError("engine.sleep_mode and rollout.max_staleness=1 exclude each other: the overlapped "
                              "rollout runs on the engine during the update, when sleep mode would free it")
