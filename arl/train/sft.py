@@ -102,6 +102,20 @@ async def format_warm_start(trainer: Any, manager: Any = None, teacher: Any = No
     return out
 
 
+async def warm_start(trainer: Any) -> dict[str, float]:
+    """The warm-start ``config.sft`` asks for: the perception warm-start (``sft.perception_steps``,
+    `arl.train.perception`), then the format warm-start (``sft.steps``); their metrics together."""
+    c = trainer.config
+    out: dict[str, float] = {}
+    if c.sft.perception_steps > 0:
+        from arl.train.perception import perception_warm_start  # it builds on this module's update
+
+        out.update(await perception_warm_start(trainer))
+    if c.sft.steps > 0:
+        out.update(await format_warm_start(trainer))
+    return out
+
+
 def frozen_vision(model: Any) -> list[Any]:
     """Freeze a VLM's vision tower(s) (`vision_towers`) for the warm-start; returns the parameters it
     froze (the caller unfreezes them). The warm-start's targets are random actions that say nothing

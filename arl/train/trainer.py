@@ -178,7 +178,7 @@ class Trainer:
             if self.partial:  # new groups after the checkpoint's; the ones it had in flight are dropped, counted
                 self.groups.restore(extra.get("partial"))
             if self.ref_model is not None and not self.lora:
-                load_reference(self.run_dir, self.ref_model, warm_started=c.sft.steps > 0)
+                load_reference(self.run_dir, self.ref_model, warm_started=c.sft.warm_starts)
         # The engine must serve this policy: an injected engine may hold another run's weights, and a
         # resumed run's weights differ from the checkpoint the engine loaded (~10 ms for the tiny model).
         # Under LoRA the base goes too where it may differ from the engine's (an injected engine, a
@@ -445,16 +445,16 @@ class Trainer:
         """Run until `config.steps`; `progress` is an optional callback(step, metrics). ``resume``
         as in the constructor (it only matters before the first set-up)."""
         await self.setup(resume=resume)
-        if self.step_count == 0 and self.config.sft.steps > 0:
-            from arl.train.sft import format_warm_start
+        if self.step_count == 0 and self.config.sft.warm_starts:
+            from arl.train.sft import warm_start
 
             if self.lora:  # the warm-start trains the base (it stands in for a pretrained model)
                 with lora.base_training(self.model):
-                    sft_metrics = await format_warm_start(self)
+                    sft_metrics = await warm_start(self)
                 # also the KL anchor: base, adapter off
                 lora.save_base(self.run_dir, self.model, self.tokenizer, self.image_processor)
             else:
-                sft_metrics = await format_warm_start(self)
+                sft_metrics = await warm_start(self)
             if self.ref_model is not None and not self.lora:  # the KL anchor is the policy RL starts from
                 self.ref_model.load_state_dict(self.model.state_dict())
                 save_reference(self.run_dir, self.ref_model)
