@@ -61,11 +61,12 @@ def _check_sample(sample, board, tokenizer) -> None:
     assert text.endswith("<|im_start|>assistant\n")  # the generation prompt RL's replies follow
 
 
-def _scripted_samples(seeds):
+def _scripted_samples(seeds, env_id="arl/FrozenLake-v0"):
     tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(resolve_model("tiny-vl"))
     manager = StepEnvManager(ScriptedEngine(tokenizer, image_tokens=16), ManagerConfig(observation="image"))
-    states = boards(make_env(load_config(None, ["rollout.manager.observation=image"])), seeds)
-    return states, perception_samples(manager, states, "arl/FrozenLake-v0"), tokenizer
+    states = boards(make_env(load_config(None, ["rollout.manager.observation=image", f"rollout.env_id={env_id}"])),
+                    seeds)
+    return states, perception_samples(manager, states, env_id), tokenizer
 
 
 def test_boards_are_random_states_of_their_seeds():
@@ -81,8 +82,9 @@ def test_boards_are_random_states_of_their_seeds():
     assert moved and len(moved) < len(first)  # 0-3 random moves: some boards moved, some did not
 
 
-def test_perception_samples_are_token_exact():
-    states, samples, tokenizer = _scripted_samples([3, 4])
+@pytest.mark.parametrize("env_id", ["arl/FrozenLake-v0", "arl/Sokoban-v0"])
+def test_perception_samples_are_token_exact(env_id):
+    states, samples, tokenizer = _scripted_samples([3, 4], env_id)
     for sample, board in zip(samples, states, strict=True):
         _check_sample(sample, board, tokenizer)
         assert sample.input_ids.count(sample.rendered.image_token_id) == 16  # image_tokens=16
