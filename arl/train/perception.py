@@ -15,7 +15,7 @@ The samples are RL's: `Sample` rows with the prompt's `RenderedPrompt` (the poli
 renderer, so the expanded ids and pixels the trainer's forward gets), the loss mask on the reply
 only, and the same update (`arl.train.sft._sft_update`, token-mean cross-entropy). The vision
 tower trains (the format warm-start's `frozen_vision` keeps it out of a target that is not about
-the image; here the target is the image). It runs before the format warm-start (`warm_start`).
+the image; here the target is the image). It runs before the format warm-start (`arl.train.sft.warm_start`).
 
 Measured after the steps, on `HELD_OUT_BOARDS` boards from another seed range: the fraction of
 cells, and of whole boards, whose reply tokens are the model's argmax under teacher forcing
