@@ -1,27 +1,24 @@
-"""verl's training loop vs arl's trainer on one FrozenLake set-up (issue 45 item 4): table and plot.
+"""verl's training loop vs arl's trainer on one FrozenLake set-up (issue 45 item 4): tables and plot.
 
-The two runs (both start from the same format warm-start, `arl.integrations.verl.warm_start`):
+The two runs (both start from the same format warm-start, `arl.integrations.verl.warm_start`), each
+checkpoint scored on the same 256 levels by ``arl eval`` (verl's merged to Hugging Face first): the
+commands are in benchmarks/README.md, "verl's loop beside arl's trainer". Then
 
-    mkdir -p /tmp/arl-verl-side-by-side
-    OUT=/tmp/arl-verl-side-by-side STEPS=8 WARM_START=1 GROUPS_PER_STEP=4 GROUP=4 PYTHON=.venv-verl/bin/python \\
-      bash arl/integrations/verl/examples/cpu_fit.sh trainer.save_freq=-1 trainer.experiment_name=frozenlake_side_by_side \\
-      +algorithm.arl_gigpo.episode_stats=episodes +algorithm.arl_gigpo.singleton=zero \\
-      +algorithm.arl_gigpo.invalid_penalty=0 > /tmp/arl-verl-side-by-side/verl.log 2>&1
-    .venv-verl/bin/arl train benchmarks/verl_side_by_side.yaml
-    .venv/bin/python benchmarks/verl_side_by_side.py --verl-log /tmp/arl-verl-side-by-side/verl.log \\
-      --arl-run /tmp/arl-verl-side-by-side/arl/verl_side_by_side
+    .venv/bin/python benchmarks/verl_side_by_side.py --verl-log OUT/verl.log \\
+      --arl-run OUT/arl/verl_side_by_side --evals OUT/evals
 
 Per step, both sides: the training episodes' mean score (verl: ``critic/score/mean``; arl:
 ``rollout/mean_episode_score``; FrozenLake scores 1 for reaching the goal, less a small penalty per
 invalid answer, so with no invalid answer it is the success rate), the invalid-answer fraction
 (``arl_gigpo/invalid_frac``, ``train/gigpo_invalid_frac``) and seconds per step (verl: ``timing_s/step``;
-arl: ``timing/step_s``). Writes benchmarks/results/verl-side-by-side.json and
-.png and prints the Markdown table.
+arl: ``timing/step_s``), in bins of ``--bin`` steps; per checkpoint (``--evals``), validation success.
+Writes benchmarks/results/verl-side-by-side.json and .png and prints the Markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -41,14 +38,49 @@ def arl_rows(run: Path) -> list[dict[str, float]]:
              "step_s": r["timing/step_s"]} for r in rows if "rollout/mean_episode_score" in r]
 
 
+def checkpoint_evals(evals: Path) -> dict[str, dict[int, float]]:
+    """Validation success per checkpoint, both sides, from ``arl eval --out`` directories under
+    ``evals``: ``warm`` (the shared warm-start, step 0), ``verl-<step>`` (verl's actor merged to HF by
+    ``python -m verl.model_merger merge``), ``arl-<step>`` (arl's ``ckpt_<step>``)."""
+    out: dict[str, dict[int, float]] = {"verl": {}, "arl": {}}
+    for summary in sorted(evals.glob("*/summary.json")):
+        name = summary.parent.name
+        rate = json.loads(summary.read_text())["metrics"]["eval/success_rate"]
+        if name == "warm":
+            out["verl"][0] = out["arl"][0] = rate
+        elif "-" in name and name.split("-", 1)[0] in out:
+            side, step = name.split("-", 1)
+            out[side][int(step)] = rate
+    return {side: dict(sorted(points.items())) for side, points in out.items()}
+
+
+def binned(rows: list[dict[str, float]], width: int, upto: int) -> list[dict[str, float]]:
+    """Steps 1..upto in bins of ``width``: mean score, mean invalid fraction, median seconds per step."""
+    import statistics
+
+    bins = []
+    for lo in range(1, upto + 1, width):
+        chunk = [r for r in rows if lo <= r["step"] < lo + width]
+        if chunk:
+            bins.append({"steps": f"{lo}-{chunk[-1]['step']}", "score": statistics.mean(r["score"] for r in chunk),
+                         "invalid_frac": statistics.mean(r["invalid_frac"] for r in chunk),
+                         "step_s": statistics.median(r["step_s"] for r in chunk)})
+    return bins
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--verl-log", type=Path, required=True)
     parser.add_argument("--arl-run", type=Path, required=True)
+    parser.add_argument("--evals", type=Path, help="arl eval --out directories of both sides' checkpoints "
+                        "(warm, verl-STEP, arl-STEP): validation success on the same levels")
+    parser.add_argument("--bin", type=int, default=25, help="steps per row of the table")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     args = parser.parse_args()
     verl, arl = verl_rows(args.verl_log), arl_rows(args.arl_run)
-    result = {"verl": verl, "arl": arl, "machine": machine(), "note": args.note}
+    evals = checkpoint_evals(args.evals) if args.evals else {"verl": {}, "arl": {}}
+    table = {"verl": binned(verl, args.bin, verl[-1]["step"]), "arl": binned(arl, args.bin, arl[-1]["step"])}
+    result = {"verl": verl, "arl": arl, "evals": evals, "bins": table, "machine": machine(), "note": args.note}
     out = RESULTS_DIR / "verl-side-by-side.json"
     out.write_text(json.dumps(result, indent=1))
 
@@ -57,24 +89,35 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for name, rows in (("verl's loop (main_ppo, CPU)", verl), ("arl's trainer", arl)):
-        ax1.plot([r["step"] for r in rows], [r["score"] for r in rows], marker="o", label=name)
-        ax2.plot([r["step"] for r in rows], [r["step_s"] for r in rows], marker="o", label=name)
-    ax1.set(xlabel="step", ylabel="mean episode score (16 training episodes)", ylim=(-0.05, 1.05))
-    ax2.set(xlabel="step", ylabel="seconds per step")
-    ax1.legend()
+    panels = 3 if any(evals.values()) else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))
+    for name, side, rows in (("verl's loop (main_ppo, CPU)", "verl", verl), ("arl's trainer", "arl", arl)):
+        window = [sum(r["score"] for r in rows[max(0, i - args.bin + 1): i + 1]) / len(rows[max(0, i - args.bin + 1): i + 1])
+                  for i in range(len(rows))]
+        axes[0].plot([r["step"] for r in rows], window, label=name)
+        axes[1].plot([r["step"] for r in rows], [r["step_s"] for r in rows], label=name, lw=0.8)
+        if panels == 3 and evals[side]:
+            axes[2].plot(list(evals[side]), [100 * v for v in evals[side].values()], marker="o", label=name)
+    axes[0].set(xlabel="step", ylabel=f"training score, mean of the last {args.bin} steps", ylim=(-0.05, 1.05))
+    axes[1].set(xlabel="step", ylabel="seconds per step")
+    if panels == 3:
+        axes[2].set(xlabel="checkpoint step", ylabel="validation success % (same levels)", ylim=(0, 100))
+    axes[0].legend()
     fig.tight_layout()
     fig.savefig(RESULTS_DIR / "verl-side-by-side.png", dpi=110)
 
-    print("| step | verl: score | verl: invalid | verl: s/step | arl: score | arl: invalid | arl: s/step |")
+    print("| steps | verl: score | verl: invalid | verl: s/step (median) | arl: score | arl: invalid | arl: s/step (median) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    by_step = {r["step"]: r for r in arl}
-    for r in verl:
-        a = by_step.get(r["step"], {})
-        print(f"| {r['step']} | {r['score']:.3f} | {r['invalid_frac']:.2f} | {r['step_s']:.1f} | "
-              f"{a.get('score', float('nan')):.3f} | {a.get('invalid_frac', float('nan')):.2f} | "
-              f"{a.get('step_s', float('nan')):.1f} |")
+    for v, a in itertools.zip_longest(table["verl"], table["arl"]):  # a side that ran fewer steps: dashes
+        cells = [f"{r['score']:.3f} | {r['invalid_frac']:.2f} | {r['step_s']:.1f}" if r else "– | – | –" for r in (v, a)]
+        print(f"| {(v or a)['steps']} | {cells[0]} | {cells[1]} |")
+    if any(evals.values()):
+        steps = sorted(set(evals["verl"]) | set(evals["arl"]))
+        print("\n| checkpoint step | " + " | ".join(str(s) for s in steps) + " |")
+        print("| --- |" + " --- |" * len(steps))
+        for side in ("verl", "arl"):
+            cells = [f"{100 * evals[side][s]:.1f}%" if s in evals[side] else "–" for s in steps]
+            print(f"| {side} | " + " | ".join(cells) + " |")
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
