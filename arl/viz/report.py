@@ -52,6 +52,9 @@ SECTIONS = ("eval/", "rollout/", "env/", "train/", "sync/", "timing/", "sft/")
 SYNC_KEYS = ("sync/canary_max_abs", "sync/canary_mean_abs", "timing/canary_s", "timing/weight_push_s",
              "train/weight_push_bytes")
 WARM_START_KEYS = ("sft/loss_first", "sft/loss_last", "sft/steps", "timing/sft_s")
+# the perception warm-start's (arl/train/perception.py), before the format's: in the header too
+PERCEPTION_KEYS = ("sft/perception_steps", "timing/perception_s", "sft/perception_loss_first",
+                   "sft/perception_loss_last", "sft/perception_cell_acc", "sft/perception_board_acc")
 PAGE_CSS = """
 body{font-family:system-ui,sans-serif;margin:16px;background:#fafafa;color:#222}
 h1{font-size:20px}h2{font-size:16px;margin-top:24px;border-bottom:1px solid #ccc}
@@ -428,9 +431,12 @@ def _timing_block(curves: dict[str, Points]) -> str:
 
 
 def _warm_start_block(curves: dict[str, Points]) -> str:
-    got = {k: curves[k][-1][1] for k in WARM_START_KEYS if k in curves}
+    got = {k: curves[k][-1][1] for k in WARM_START_KEYS + PERCEPTION_KEYS if k in curves}
     if not got:
         return "<p><b>warm-start</b>: none in this run (no sft/* metrics)</p>"
+    seeing = _perception_line(got)
+    if not any(k in got for k in WARM_START_KEYS):
+        return seeing
     bits = []
     if "sft/steps" in got:
         bits.append(f'{got["sft/steps"]:g} steps')
@@ -439,7 +445,24 @@ def _warm_start_block(curves: dict[str, Points]) -> str:
     if "sft/loss_first" in got and "sft/loss_last" in got:
         bits.append(f'cross-entropy {_fmt(got["sft/loss_first"])} -&gt; {_fmt(got["sft/loss_last"])} nats '
                     "(first batch -&gt; mean of the last 5)")
-    return "<p><b>format warm-start</b>: " + ", ".join(bits) + "</p>"
+    return seeing + "<p><b>format warm-start</b>: " + ", ".join(bits) + "</p>"
+
+
+def _perception_line(got: dict[str, float]) -> str:
+    """The perception warm-start's line ('' without one): steps, seconds, loss, held-out read accuracy."""
+    if "sft/perception_steps" not in got:
+        return ""
+    bits = [f'{got["sft/perception_steps"]:g} steps']
+    if "timing/perception_s" in got:
+        bits.append(f'{got["timing/perception_s"]:.1f} s')
+    if "sft/perception_loss_first" in got and "sft/perception_loss_last" in got:
+        bits.append(f'cross-entropy {_fmt(got["sft/perception_loss_first"])} -&gt; '
+                    f'{_fmt(got["sft/perception_loss_last"])} nats')
+    if "sft/perception_cell_acc" in got:
+        bits.append(f'held-out boards read: {100 * got["sft/perception_cell_acc"]:.1f}% of cells'
+                    + (f', {100 * got["sft/perception_board_acc"]:.1f}% of boards whole'
+                       if "sft/perception_board_acc" in got else ""))
+    return "<p><b>perception warm-start</b>: " + ", ".join(bits) + "</p>"
 
 
 def _sync_block(curves: dict[str, Points], config: dict[str, Any] | None) -> str:
@@ -481,7 +504,7 @@ def _spikes_block(spikes: list[tuple[float, float]], curves: dict[str, Points]) 
 def _section_of(key: str, envs: int) -> str | None:
     """The section a key is drawn in; None: not drawn as a panel (the warm-start's keys are in the
     header; with one env, ``env/<id>/*`` repeats ``rollout/*`` value for value)."""
-    if key in WARM_START_KEYS:
+    if key in WARM_START_KEYS or key in PERCEPTION_KEYS:
         return None
     if key in SYNC_KEYS or key.startswith("sync/"):
         return "weight sync"

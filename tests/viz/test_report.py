@@ -162,3 +162,17 @@ def test_the_report_reads_the_file_the_trainer_writes():
     import arl.train.run_dir as run_dir
 
     assert report_module.CONFIG_FILE == run_dir.CONFIG_FILE
+
+
+def test_the_perception_warm_start_is_a_header_line_not_a_panel(tmp_path):
+    run = tmp_path / "run"
+    rows = [{"step": 0, "eval/success_rate": 0.2, "sft/perception_steps": 300.0, "timing/perception_s": 187.1,
+             "sft/perception_loss_first": 7.28, "sft/perception_loss_last": 0.001, "sft/perception_cell_acc": 1.0,
+             "sft/perception_board_acc": 0.75, "sft/loss_first": 7.5, "sft/loss_last": 0.4, "sft/steps": 30.0}]
+    rows += _training_rows(rollout__success_rate=lambda s: s / 40)
+    _write(run, rows)
+    page = report_html(run)
+    header = page[:page.index("<h2>")]
+    assert "<b>perception warm-start</b>: 300 steps, 187.1 s, cross-entropy 7.28 -&gt; 0.001 nats" in header
+    assert "100.0% of cells, 75.0% of boards whole" in header and "<b>format warm-start</b>: 30 steps" in header
+    assert not any(k.startswith("sft/perception") or k == "timing/perception_s" for k in _charts(page))
