@@ -2,7 +2,8 @@
 
 A pretrained VLM (Qwen2.5-VL) comes to RL able to read an image; the zoo's tiny-vl (random init)
 has never learned to see. From frames alone it does not learn FrozenLake under RL, although
-supervised on the same frames it can (benchmarks/README.md, "Supervised ceiling"). This warm-start
+supervised on the same frames it can (benchmarks/README.md, "Supervised ceiling"); after this
+warm-start it does (benchmarks/README.md, "From pixels"). This warm-start
 (``sft.perception_steps`` optimizer steps) teaches the one thing a pretrained VLM would bring:
 captioning. Each sample is a prompt showing one frame of a random board state (the game's own
 ``frame()``) and the instruction `INSTRUCTION`, in the chat format of the policy's manager, with the
