@@ -263,6 +263,12 @@ def load_weights(ckpt_dir: str | os.PathLike[str], model: torch.nn.Module) -> No
         return
     tensors = _load_safetensors(ckpt_dir)
     result = model.load_state_dict(tensors, strict=False)
+    if result.unexpected_keys and hasattr(model, "from_pretrained"):
+        # transformers writes some models under their original checkpoint names and renames them only
+        # in from_pretrained (Qwen2-VL: the file's `visual.*` and `model.layers.*` are the model's
+        # `model.visual.*` and `model.language_model.layers.*`): load through it, so a VLM run resumes.
+        tensors = _through_from_pretrained(ckpt_dir, model)
+        result = model.load_state_dict(tensors, strict=False)
 
     # Group every parameter/buffer name by tensor identity to find the tied aliases.
     names_by_tensor: dict[int, list[str]] = {}
@@ -275,6 +281,14 @@ def load_weights(ckpt_dir: str | os.PathLike[str], model: torch.nn.Module) -> No
             f"checkpoint {ckpt_dir} does not match the model: missing {missing}, "
             f"unexpected {list(result.unexpected_keys)}"
         )
+
+
+def _through_from_pretrained(ckpt_dir: Path, model: Any) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights under the in-memory names: ``type(model).from_pretrained`` applies
+    transformers' key conversion for the architecture (in the model's dtype, on the CPU)."""
+    dtype = next(model.parameters()).dtype
+    loaded = type(model).from_pretrained(ckpt_dir, dtype=dtype)
+    return {k: v for k, v in loaded.state_dict().items()}
 
 
 def _load_adapter(ckpt_dir: Path, model: Any) -> None:

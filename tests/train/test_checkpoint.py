@@ -186,3 +186,21 @@ def test_mismatched_model_is_an_error(tmp_path: Path, tiny_path, tiny_tokenizer,
         load_checkpoint(path, other, restore_rng=False)
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "ckpt_000099", None)
+
+
+def test_a_vlm_checkpoint_loads_back(tmp_path: Path, vl_path):
+    """transformers saves Qwen2-VL under its original key names (``visual.*``, ``model.layers.*``) and
+    maps them back only in from_pretrained: `load_weights` must too, or a VLM run cannot resume."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(vl_path, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))  # trained: not the weights a fresh load gives
+    path = save_checkpoint(tmp_path, 3, model, None, None)
+    fresh = AutoModelForImageTextToText.from_pretrained(vl_path, dtype=torch.float32)
+    ck.load_weights(path, fresh)
+    want = model.state_dict()
+    assert any(k.startswith("model.visual.") for k in want)
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(tensor, want[name]), name
