@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 from pathlib import Path
 
 from _util import RESULTS_DIR, machine
@@ -56,8 +57,6 @@ def checkpoint_evals(evals: Path) -> dict[str, dict[int, float]]:
 
 def binned(rows: list[dict[str, float]], width: int, upto: int) -> list[dict[str, float]]:
     """Steps 1..upto in bins of ``width``: mean score, mean invalid fraction, median seconds per step."""
-    import statistics
-
     bins = []
     for lo in range(1, upto + 1, width):
         chunk = [r for r in rows if lo <= r["step"] < lo + width]
@@ -92,8 +91,8 @@ def main() -> None:
     panels = 3 if any(evals.values()) else 2
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))
     for name, side, rows in (("verl's loop (main_ppo, CPU)", "verl", verl), ("arl's trainer", "arl", arl)):
-        window = [sum(r["score"] for r in rows[max(0, i - args.bin + 1): i + 1]) / len(rows[max(0, i - args.bin + 1): i + 1])
-                  for i in range(len(rows))]
+        scores = [r["score"] for r in rows]
+        window = [statistics.mean(scores[max(0, i - args.bin + 1): i + 1]) for i in range(len(scores))]
         axes[0].plot([r["step"] for r in rows], window, label=name)
         axes[1].plot([r["step"] for r in rows], [r["step_s"] for r in rows], label=name, lw=0.8)
         if panels == 3 and evals[side]:

@@ -287,8 +287,7 @@ def _through_from_pretrained(ckpt_dir: Path, model: Any) -> dict[str, torch.Tens
     """The checkpoint's weights under the in-memory names: ``type(model).from_pretrained`` applies
     transformers' key conversion for the architecture (in the model's dtype, on the CPU)."""
     dtype = next(model.parameters()).dtype
-    loaded = type(model).from_pretrained(ckpt_dir, dtype=dtype)
-    return {k: v for k, v in loaded.state_dict().items()}
+    return type(model).from_pretrained(ckpt_dir, dtype=dtype).state_dict()
 
 
 def _load_adapter(ckpt_dir: Path, model: Any) -> None:
