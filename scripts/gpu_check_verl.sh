@@ -52,7 +52,6 @@ if [ "$FLASH_ATTN" = auto ]; then
 fi
 # Appended to the 8-GPU launch (hydra: the later value wins); docs/verl.md "The one-GPU check" lists them.
 OVERRIDES=(
-  actor_rollout_ref.rollout.tensor_model_parallel_size=1
   trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 trainer.resume_mode=disable
   trainer.experiment_name=gpu_check_1gpu trainer.default_local_dir="$OUT/checkpoints"
   trainer.rollout_data_dir="$OUT/rollouts" hydra.run.dir="$OUT/hydra"

@@ -106,7 +106,7 @@ def test_row_launches_the_8_gpu_launch_plus_the_documented_overrides(tmp_path, f
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     assert config.trainer.val_before_train is False and config.trainer.save_freq == -1
     # verl makes world_size // (tp * dp * pp) vLLM replicas (workers/rollout/llm_server.py), which
-    # validate_config does not check: the launch's tensor parallel 2 would leave none on 1 GPU
+    # validate_config does not check (verl's default tensor parallel 2 would leave none on 1 GPU)
     rollout = config.actor_rollout_ref.rollout
     replica = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
     gpus = config.trainer.n_gpus_per_node * config.trainer.nnodes

@@ -4,6 +4,7 @@ through verl's registry with no setup hook."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -29,6 +30,29 @@ def test_example_launch_passes_verl_validate_config(example_config, n_gpus):
     assert config.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook == "arl.integrations.verl.setup_verl"
     # what verl.trainer.main_ppo.main runs before Ray starts
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    # what it does not check: verl starts world_size // (tp * dp * pp) vLLM replicas
+    # (workers/rollout/llm_server.py); verl's default tensor parallel 2 would start none on 1 GPU
+    rollout = config.actor_rollout_ref.rollout
+    per_replica = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+    assert config.trainer.n_gpus_per_node * config.trainer.nnodes // per_replica == n_gpus
+
+
+@pytest.mark.parametrize(("n_gpus", "tp"), [(1, 2), (3, 2), (8, 3), (8, 0)])
+def test_example_launch_refuses_gpus_its_tensor_parallel_leaves_idle(tmp_path, n_gpus, tp):
+    fake = tmp_path / "python"  # were the script to go on, nothing would be launched or written
+    fake.write_text("#!/bin/sh\nexit 97\n")
+    fake.chmod(0o755)
+    result = subprocess.run(["bash", str(REPO / "arl/integrations/verl/examples/sokoban_gigpo.sh")],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
+                                 "N_GPUS": str(n_gpus), "TP": str(tp)})
+    assert result.returncode == 2, result
+    assert f"N_GPUS={n_gpus} is not a multiple of TP={tp}" in result.stderr
+
+
+def test_example_launch_takes_its_tensor_parallel_from_tp(launch_commands):
+    main = next(c for c in launch_commands(N_GPUS="8", TP="2") if c[:2] == ["-m", "verl.trainer.main_ppo"])
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2" in main
 
 
 def test_example_writes_the_datasets_it_trains_on(launch_commands):

@@ -14,6 +14,11 @@ GROUP=${GROUP:-8}              # rollout.n: episodes per seed (the GiGPO group)
 GROUPS_PER_STEP=${GROUPS_PER_STEP:-16}
 MICRO_BATCH=${MICRO_BATCH:-4}  # sequences per GPU per forward/backward (verl's validate_config needs these
 LOGPROB_MICRO_BATCH=${LOGPROB_MICRO_BATCH:-8}  # three set unless actor.use_dynamic_bsz=true)
+TP=${TP:-1}  # vLLM tensor parallel: verl starts N_GPUS // TP replicas (its default TP 2 leaves none on 1 GPU)
+if (( TP < 1 || N_GPUS < TP || N_GPUS % TP )); then
+  echo "N_GPUS=$N_GPUS is not a multiple of TP=$TP: verl would start N_GPUS // TP = $(( TP > 0 ? N_GPUS / TP : 0 )) rollout replicas and leave the rest of the GPUs idle" >&2
+  exit 2
+fi
 # GiGPO: verl-agent's conventions by default (arl.integrations.verl.gigpo.GIGPO_DEFAULTS: gamma 0.95,
 # mean_norm, step-row episode statistics, raw singletons, invalid-action penalty 0.1); override any
 # with +algorithm.arl_gigpo.<name>=..., e.g. arl's own: episode_stats=episodes singleton=zero invalid_penalty=0.
@@ -33,6 +38,7 @@ python -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async \
   actor_rollout_ref.rollout.n="$GROUP" actor_rollout_ref.rollout.calculate_log_probs=true \
   actor_rollout_ref.rollout.temperature=1.0 actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
+  actor_rollout_ref.rollout.tensor_model_parallel_size="$TP" \
   actor_rollout_ref.rollout.agent.agent_loop_config_path=arl/integrations/verl/examples/agent_loops.yaml \
   actor_rollout_ref.rollout.agent.default_agent_loop=arl_agent \
   actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size="$GROUPS_PER_STEP" \
