@@ -53,7 +53,7 @@ def config_problems(config: TrainConfig, *, rollout: bool = True) -> list[tuple[
     r = config.rollout
     plays_game = r.mode != "proxy" or r.proxy.runner in GAME_RUNNERS
     checks: list[tuple[str, Callable[[], Any]]] = []
-    if (rollout and plays_game) or config.sft.steps > 0:
+    if (rollout and plays_game) or config.sft.warm_starts:  # both warm-starts play the game
         checks.append(("rollout.env_id", lambda: _check_env(r.env_id)))
     checks.append(("algo.estimator", lambda: estimators.resolve(config.algo.estimator)))
     if rollout and r.mode == "proxy":

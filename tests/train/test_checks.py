@@ -52,6 +52,8 @@ def test_each_name_that_does_not_resolve_is_one_line_with_its_dotted_path(tmp_pa
     label = ["rollout.mode=proxy", f"rollout.proxy.runner={mod}:crashing", "rollout.env_id=my-task-set"]
     assert config_problems(load_config(None, label)) == []
     assert [p for p, _ in config_problems(load_config(None, [*label, "sft.steps=2"]))] == ["rollout.env_id"]
+    perception = [*label, "sft.perception_steps=2", "rollout.manager.observation=image"]
+    assert [p for p, _ in config_problems(load_config(None, perception))] == ["rollout.env_id"]
     assert [p for p, _ in config_problems(load_config(None, ["rollout.manager.fork.k=2",
                                                              "rollout.manager.fork.at=nope_xyz:rule"]))] == [
         "rollout.manager.fork.at"]
