@@ -21,6 +21,7 @@ from arl.intercept.template import end_of_turn_ids
 from arl.models.zoo import resolve_model
 from arl.rollout.step import StepEnvManager
 from arl.train import Trainer
+from arl.train import lora
 from arl.train.lora import vision_towers
 from arl.train.perception import (
     INSTRUCTION,
@@ -139,6 +140,33 @@ async def test_perception_steps_read_the_board_and_train_the_vision_tower(tmp_pa
     assert "sft/loss_first" not in row  # sft.steps=0: no format warm-start
     moved = [n for n in before if n.startswith(tower + ".") and not torch.equal(before[n], after[n])]
     assert moved  # the tower learns to see here
+
+
+async def test_perception_under_lora_trains_the_base_the_adapter_then_applies_to(tmp_path):
+    """Under LoRA a warm-start stands in for pretraining: it trains the base, the vision tower
+    included, never the adapter, and saves that base where the adapter and the engine load it."""
+    c = small_config(tmp_path, "model=tiny-vl", "engine.backend=hf", "rollout.manager.observation=image",
+                     "rollout.manager.prompt_style=compact", "steps=0", "sft.perception_steps=4",
+                     "sft.perception_batch=16", "sft.micro_batch_size=16", "lora.rank=8")
+    async with Trainer(c) as trainer:
+        await trainer.setup()
+        model = trainer.model
+        [tower] = vision_towers(model)
+        before = params_of(model)
+        history = await trainer.train()
+        after = params_of(model)
+        base = dict(lora.base_weights(model))
+        run_dir = trainer.run_dir
+    [row] = [r for r in history if "sft/perception_steps" in r]
+    assert row["sft/perception_loss_last"] < row["sft/perception_loss_first"]
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert moved and not [n for n in moved if "lora_" in n]  # the adapter gets no warm-start gradient
+    assert [n for n in moved if f"{tower}." in n]  # the tower learns to see under LoRA too
+    assert not [p for p in model.parameters() if p.requires_grad and p.grad is not None]  # nothing left for RL
+    from arl.models.tiny_vl import auto_model_class
+
+    saved = auto_model_class(run_dir / lora.BASE_DIR).from_pretrained(run_dir / lora.BASE_DIR).state_dict()
+    assert set(saved) == set(base) and all(torch.equal(saved[n], base[n]) for n in base)
 
 
 async def test_perception_steps_0_adds_nothing(tmp_path):
