@@ -39,15 +39,22 @@ One engine serves every mode; each mode trains a fresh policy (the same initial 
 - spare k: ``rollout.spare_groups=k``: the first num_groups whole groups train, the rest are cancelled;
 - partial k: ``rollout.partial: {enabled, carry_over_groups: k, max_age}``: the rest carry over.
 
-Columns, per mode: step s (mean wall time of a training step, from ``timing/step_s``; the run's
-last step also evaluates, so it is left out), x sync (sync's step s over this one's: the step
-rate's speed-up), engine busy (``rollout/engine_busy_frac``, mean; vLLM only), generated /
+Columns, per mode: step s (mean wall time of a training step, from ``timing/step_s``; the steps
+that also evaluate are left out: the last, and with ``eval.every`` every eval.every-th), x sync
+(sync's step s over this one's: the step rate's speed-up), engine busy (``rollout/engine_busy_frac``, mean; vLLM only), generated /
 trained / wasted tokens (response tokens the engine returned, those the updates trained, and
 generated - trained - those still in flight at the end, i.e. work thrown away; a spare group's
 reply cancelled mid-generation is not counted, so spare's waste is a lower bound), age max
 (``rollout/partial_age_max``), success % (``rollout/success_rate`` over the trained episodes,
 mean). Under the table: the workload's episode env time (median, max, max / median) over the
 sync mode's episodes (all of them train there).
+
+Learning curves (issue 50): the same script with the demo's warm-start and its validation panel on,
+one seed per launch (``seed=S``); a table of validation success per mode and step follows the first:
+
+    .venv/bin/python benchmarks/partial.py --steps 100 --out partial-learning-s0.json seed=0 sft.steps=30 \
+        eval.at_start=true eval.every=50 eval.num_seeds=256 rollout.num_groups=8 rollout.group_size=8 \
+        rollout.manager.max_turns=null      # the demo's game: the env's own step limit, not the 4 turns above
 """
 
 from __future__ import annotations
@@ -216,7 +223,8 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                     in_flight = (sum(trainer.groups.gate.tokens[g] for g in trainer.groups.in_flight)
                                  if trainer.partial else 0)
                 await close_manager(manager)  # injected: the trainer leaves it open
-                steps = [r for r in rows if "timing/step_s" in r][:-1]  # the last step also evaluates
+                # a step that also evaluates (the last; with eval.every, every eval.every-th) times the evaluation too
+                steps = [r for r in rows if "timing/step_s" in r and "eval/success_rate" not in r]
 
                 def mean(key: str, steps: list = steps) -> float | None:
                     values = [r[key] for r in steps if key in r]
@@ -230,6 +238,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                     "trained": trained[0], "in_flight": in_flight,
                     "wasted": manager.generated - trained[0] - in_flight,
                     "env_s": list(manager.env_s), "env_seeds": list(getattr(manager, "env_seeds", [])), "wall_s": wall,
+                    "eval": [[r["step"], r["eval/success_rate"]] for r in rows if "eval/success_rate" in r],
                     "dropped_groups": sum(r.get("rollout/groups_dropped", 0.0) + r.get("rollout/partial_dropped_groups", 0.0)
                                           for r in rows),
                 }
@@ -259,12 +268,21 @@ def summarize(results: dict[str, dict[str, Any]]) -> list[list[str]]:
     for name, r in results.items():
         def pct(x: float | None) -> str:
             return "–" if x is None else f"{100 * x:.0f}"
+        step = r["step_s_mean"]  # None when every step also evaluated
         lines.append([
-            name, f"{r['step_s_mean']:.2f}", f"{sync / r['step_s_mean']:.2f}" if sync else "–", pct(r["engine_busy"]),
+            name, "–" if step is None else f"{step:.2f}", f"{sync / step:.2f}" if sync and step else "–",
+            pct(r["engine_busy"]),
             str(r["generated"]), str(r["trained"]), str(r["wasted"]), f"{r['dropped_groups']:.0f}",
             f"{r['age_max']:.0f}", pct(r["success"]),
         ])
     return lines
+
+
+def base_config_seed(args: argparse.Namespace) -> str:
+    """``seed N``: the seed the runs' config has (each mode's run uses it)."""
+    from arl.config import load_config
+
+    return f"seed {load_config(args.config, [*RUN_OVERRIDES, *args.overrides]).seed}"
 
 
 def main() -> None:
@@ -316,6 +334,12 @@ def main() -> None:
         print(f"Partial rollouts, {Path(args.config).name} {' '.join(args.overrides)}: env wait {args.base_s} s x "
               f"Pareto({args.alpha}) per episode (cap {args.cap}), {args.steps} measured steps per mode")
     print(table(HEADER, lines))
+    curves = {name: r["eval"] for name, r in results.items() if r["eval"]}
+    if curves:  # eval.every / eval.at_start set: the learning curve of each mode
+        steps = sorted({step for curve in curves.values() for step, _ in curve})
+        print(f"validation success % ({base_config_seed(args)}; eval.num_seeds levels) at step:")
+        print(table(["mode", *map(str, steps)], [[name, *(next((f"{100 * v:.1f}" for t, v in curve if t == step), "–")
+                                                         for step in steps)] for name, curve in curves.items()]))
     if "sync" in results and results["sync"]["env_s"]:
         env = results["sync"]["env_s"]
         med = statistics.median(env)
