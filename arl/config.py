@@ -302,7 +302,9 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float | None = 1.0
-    # A VLM's vision tower's learning rate (the schedule scales it like lr); None: lr, as every other weight.
+    # A VLM's vision tower's learning rate (the schedule scales it like lr); None: lr, as every other weight;
+    # 0 holds the tower as it is (its gradient still counts in grad_clip's norm, as at any vision_lr).
+    # tiny_frozenlake_vision_gigpo.yaml holds it: RL at 1e-3 drifted the tower until cells looked alike.
     vision_lr: float | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
     warmup_steps: int = 0
     schedule: str = attrs.field(default="constant", validator=v.in_(("constant", "cosine", "linear")))
@@ -349,7 +351,7 @@ class SFTConfig:
     teacher: str = attrs.field(default="auto", validator=v.in_(("auto", "answers", "tool_calls")))
     # A VLM's vision tower stays frozen through the warm-start unless this is on: the targets are random
     # actions, independent of the image, and fitting the tower to them collapses its output onto one
-    # direction (arl/train/sft.py, `frozen_vision`). RL trains it either way (optim.vision_lr).
+    # direction (arl/train/sft.py, `frozen_vision`). RL trains it unless optim.vision_lr is 0.
     train_vision: bool = False
     # Perception warm-start (arl/train/perception.py), before the format warm-start: this many steps of
     # cross-entropy on `perception_batch` random boards each, a prompt showing the board's frame and the
