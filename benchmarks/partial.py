@@ -41,8 +41,8 @@ One engine serves every mode; each mode trains a fresh policy (the same initial 
 
 Columns, per mode: step s (mean wall time of a training step, from ``timing/step_s``; the steps
 that also evaluate are left out: the last, and with ``eval.every`` every eval.every-th), x sync
-(sync's step s over this one's: the step rate's speed-up), engine busy (``rollout/engine_busy_frac``, mean; vLLM only), generated /
-trained / wasted tokens (response tokens the engine returned, those the updates trained, and
+(sync's step s over this one's: the step rate's speed-up), engine busy (``rollout/engine_busy_frac``,
+mean; vLLM only), generated / trained / wasted tokens (response tokens the engine returned, those the updates trained, and
 generated - trained - those still in flight at the end, i.e. work thrown away; a spare group's
 reply cancelled mid-generation is not counted, so spare's waste is a lower bound), age max
 (``rollout/partial_age_max``), success % (``rollout/success_rate`` over the trained episodes,
@@ -239,6 +239,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                     "wasted": manager.generated - trained[0] - in_flight,
                     "env_s": list(manager.env_s), "env_seeds": list(getattr(manager, "env_seeds", [])), "wall_s": wall,
                     "eval": [[r["step"], r["eval/success_rate"]] for r in rows if "eval/success_rate" in r],
+                    "seed": config.seed,
                     "dropped_groups": sum(r.get("rollout/groups_dropped", 0.0) + r.get("rollout/partial_dropped_groups", 0.0)
                                           for r in rows),
                 }
@@ -276,13 +277,6 @@ def summarize(results: dict[str, dict[str, Any]]) -> list[list[str]]:
             f"{r['age_max']:.0f}", pct(r["success"]),
         ])
     return lines
-
-
-def base_config_seed(args: argparse.Namespace) -> str:
-    """``seed N``: the seed the runs' config has (each mode's run uses it)."""
-    from arl.config import load_config
-
-    return f"seed {load_config(args.config, [*RUN_OVERRIDES, *args.overrides]).seed}"
 
 
 def main() -> None:
@@ -337,7 +331,8 @@ def main() -> None:
     curves = {name: r["eval"] for name, r in results.items() if r["eval"]}
     if curves:  # eval.every / eval.at_start set: the learning curve of each mode
         steps = sorted({step for curve in curves.values() for step, _ in curve})
-        print(f"validation success % ({base_config_seed(args)}; eval.num_seeds levels) at step:")
+        seed = next(iter(results.values()))["seed"]  # every mode runs the same config seed
+        print(f"validation success % (seed {seed}; eval.num_seeds levels) at step:")
         print(table(["mode", *map(str, steps)], [[name, *(next((f"{100 * v:.1f}" for t, v in curve if t == step), "–")
                                                          for step in steps)] for name, curve in curves.items()]))
     if "sync" in results and results["sync"]["env_s"]:

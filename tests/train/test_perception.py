@@ -18,10 +18,10 @@ from arl.config import ConfigError, ManagerConfig, load_config
 from arl.engine.scripted import ScriptedEngine
 from arl.envs import FrozenLakeEnv
 from arl.intercept.template import end_of_turn_ids
+from arl.models.tiny_vl import auto_model_class
 from arl.models.zoo import resolve_model
 from arl.rollout.step import StepEnvManager
-from arl.train import Trainer
-from arl.train import lora
+from arl.train import Trainer, lora
 from arl.train.lora import vision_towers
 from arl.train.perception import (
     INSTRUCTION,
@@ -163,8 +163,6 @@ async def test_perception_under_lora_trains_the_base_the_adapter_then_applies_to
     assert moved and not [n for n in moved if "lora_" in n]  # the adapter gets no warm-start gradient
     assert [n for n in moved if f"{tower}." in n]  # the tower learns to see under LoRA too
     assert not [p for p in model.parameters() if p.requires_grad and p.grad is not None]  # nothing left for RL
-    from arl.models.tiny_vl import auto_model_class
-
     saved = auto_model_class(run_dir / lora.BASE_DIR).from_pretrained(run_dir / lora.BASE_DIR).state_dict()
     assert set(saved) == set(base) and all(torch.equal(saved[n], base[n]) for n in base)
 
