@@ -10,9 +10,11 @@ Three workloads (``--workload``):
 
 ``game`` (the default): the demo config's game and model (no warm-start, ``rollout.manager.max_turns`` 4), each
 env step followed by a wait that does not block the event loop (as a sandboxed test run or a slow
-tool is awaited): ``base_s x scale``, where each episode's ``scale`` is drawn once from a Pareto
-distribution with tail index ``--alpha`` (minimum 1, capped at ``--cap``), seeded by the episode's
-group and member, so every mode plays the same episodes' latencies.
+tool is awaited): the game's own ``step_latency`` option (`arl.envs.text.TextEnv`, awaited by the
+managers), ``base_s x scale``, where each episode's ``scale`` is drawn once from a Pareto
+distribution with tail index ``--alpha`` (minimum 1, capped at ``--cap``), keyed by the episode's
+name (its traj_id), so every mode plays the same episodes' latencies. The override it adds is
+printed with the table; any config can set the same.
 
 ``bugfix``: configs/tiny_bugfix_proxy.yaml as it is (arl/BugFix-v0, the tiny model, the tool-calling
 runner through the in-process proxy, its commands and its hidden-test judge in the sandbox) on the
@@ -72,7 +74,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _util import quiet_logs, result_path, table, write_result  # noqa: E402
 
-from arl.envs.latency import ParetoLatency, pareto_scale  # noqa: E402
+from arl.envs.latency import ParetoLatency  # noqa: E402
 
 quiet_logs()
 
@@ -112,49 +114,22 @@ def latency_override(latency: ParetoLatency) -> str:
             f"{{alpha: {latency.alpha}, scale_s: {latency.scale_s}, cap_s: {latency.cap_s}}}")
 
 
-def episode_scale(group_id: str, member: int, alpha: float, cap: float) -> float:
-    """The episode's latency multiplier: Pareto(alpha) with minimum 1, capped; a stable hash of the
-    group and member draws it (`arl.envs.latency.pareto_scale`), so every mode and every run plays the same one."""
-    return pareto_scale(f"{group_id}|{member}", alpha, cap)
+def step_latency_override(base_s: float, alpha: float, cap: float) -> str:
+    """The game workload's wait as the config override that turns it on (TextEnv's ``step_latency``,
+    one draw per episode): ``base_s`` x a Pareto(``alpha``) scale capped at ``cap``.
 
-
-def long_tail_manager(engine: Any, config: Any, args: argparse.Namespace) -> Any:
-    """The manager the config builds, with a heavy-tailed wait after every env step, counting the
-    response tokens it is served and the env time of every episode that ends."""
-    from arl.rollout.factory import make_manager
-
-    base = type(make_manager(engine, config.rollout))
-
-    class LongTail(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *a: Any, **kw: Any) -> None:
-            super().__init__(*a, **kw)
-            self.generated = 0  # per instance: the evaluation's derived manager counts its own
-            self.env_s: list[float] = []
-
-        async def generate(self, traj, prompt_ids, params):
-            gen = await super().generate(traj, prompt_ids, params)
-            self.generated += len(gen.token_ids)
-            return gen
-
-        async def act(self, spec, traj, env, prompt_ids, observation):
-            out = await super().act(spec, traj, env, prompt_ids, observation)
-            wait = args.base_s * episode_scale(spec.group_id, spec.episode_id, args.alpha, args.cap)
-            await asyncio.sleep(wait)
-            traj.timings["env"] += wait
-            return out
-
-        async def run_episode(self, spec):
-            episode = await super().run_episode(spec)
-            self.env_s.append(episode.trajectory.timings["env"])
-            return episode
-
-    return LongTail(engine, config.rollout.manager)
+    >>> step_latency_override(0.05, 1.2, 40.0)
+    'rollout.manager.env_kwargs.step_latency={alpha: 1.2, scale_s: 0.05, cap_s: 2.0, per: episode}'
+    """
+    return (f"rollout.manager.env_kwargs.step_latency="
+            f"{{alpha: {alpha}, scale_s: {base_s}, cap_s: {round(base_s * cap, 12)}, per: episode}}")
 
 
 def counted_manager(engine: Any, config: Any) -> Any:
-    """The manager the config builds (the bugfix workload's proxy manager), counting the response
-    tokens it is served and the env time of every episode that ends: its wall time less the
-    engine's and the update gate's (the proxy's env steps run inside the agent, untimed)."""
+    """The manager the config builds, counting the response tokens it is served and the env time of
+    every episode that ends: the game's timed env calls (``timings["env"]``, the awaited waits
+    included), or, for a proxy episode, whose env steps run inside the agent untimed, its wall
+    time less the engine's and the update gate's."""
     from arl.rollout.factory import make_manager
 
     manager = make_manager(engine, config.rollout)
@@ -169,7 +144,8 @@ def counted_manager(engine: Any, config: Any) -> Any:
     async def timed_run_episode(spec):
         episode = await run_episode(spec)
         t = episode.trajectory.timings
-        manager.env_s.append(t["total"] - t.get("generate", 0.0) - t.get("paused", 0.0))
+        own = None if manager.mode.startswith("proxy") else t.get("env", 0.0)
+        manager.env_s.append(own if own is not None else t["total"] - t.get("generate", 0.0) - t.get("paused", 0.0))
         manager.env_seeds.append(spec.seed)
         return episode
 
@@ -203,10 +179,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 config = load_config(args.config, [*run_overrides, *args.overrides, f"out_dir={out}",
                                                    f"name={mode}", f"steps={args.steps + 1}",
                                                    *MODES[mode](args.k, args.max_age)])
-                if args.workload.startswith("bugfix"):
-                    manager = counted_manager(engine, config)
-                else:
-                    manager = long_tail_manager(engine, config, args)
+                manager = counted_manager(engine, config)
                 trained = [0]
                 async with Trainer(config, engine=engine, manager=manager) as trainer:
                     await trainer.setup()
@@ -317,6 +290,8 @@ def main() -> None:
     if args.quick:
         quick = BUGFIX_QUICK_OVERRIDES if args.workload.startswith("bugfix") else QUICK_OVERRIDES
         args.steps, args.base_s = 2, 0.02
+    if args.workload == "game":
+        workload = [step_latency_override(args.base_s, args.alpha, args.cap)]
     args.overrides = [*workload, *quick, *args.overrides]
     started = time.perf_counter()
     results = asyncio.run(run(args))
@@ -328,7 +303,8 @@ def main() -> None:
         print(f"Partial rollouts, {Path(args.config).name} {' '.join(args.overrides)}: env wait {args.base_s} s x "
               f"Pareto({args.alpha}) per episode (cap {args.cap}), {args.steps} measured steps per mode")
     print(table(HEADER, lines))
-    curves = {name: r["eval"] for name, r in results.items() if r["eval"]}
+    # a curve: eval.at_start / eval.every set (the run's last step always evaluates, on its own no curve)
+    curves = {name: r["eval"] for name, r in results.items() if len(r["eval"]) > 1}
     if curves:  # eval.every / eval.at_start set: the learning curve of each mode
         steps = sorted({step for curve in curves.values() for step, _ in curve})
         seed = next(iter(results.values()))["seed"]  # every mode runs the same config seed

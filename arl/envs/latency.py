@@ -11,8 +11,9 @@ random stream but computed from a key (the episode's seed, its group and member)
 stable hash, the same in every process, mode and run.
 
 `pareto_scale` is the draw; `ParetoLatency` is its configurable form, validated, as an env's
-option takes it (`arl.envs.bugfix.env.BugFixEnv`'s ``test_latency``). benchmarks/partial.py
-draws its game workload's per-episode wait with `pareto_scale` too.
+option takes it (`arl.envs.bugfix.env.BugFixEnv`'s ``test_latency``). `StepLatency` is a wait
+after every step of a game (`arl.envs.text.TextEnv`'s ``step_latency``): the game workload of
+benchmarks/partial.py, and any config's ``rollout.manager.env_kwargs.step_latency``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import attrs
 
@@ -105,4 +106,65 @@ class ParetoLatency:
             raise ValueError(f"{option}: {exc}") from None
 
 
-__all__ = ["MAX_CAP_S", "ParetoLatency", "pareto_scale"]
+LatencyPer = Literal["episode", "task", "step"]
+
+
+@attrs.frozen
+class StepLatency:
+    """A wait after every env step, drawn from ``draw`` (a `ParetoLatency`) once per ``per``:
+
+    - ``"episode"`` (default): one wait per episode, for each of its steps; the key is the
+      episode's name (``TextEnv.reset``'s ``options["episode"]``, which arl's managers set to the
+      episode's ``traj_id``, e.g. ``train_0_17/3``), or its seed when none is given. Members of a
+      group draw apart: a group waits for its slowest member, as in a real agentic batch.
+    - ``"task"``: one wait per seed; every episode of a task (a whole group) is equally slow, like
+      a repository whose tests are slow for every attempt.
+    - ``"step"``: a fresh wait per step t, keyed ``"<episode key>|t"``; an episode's total is then
+      a sum of draws, a lighter tail than ``"episode"``'s.
+
+    The same key waits the same on every run and in every mode (`pareto_scale`). An episode's
+    env time is about its steps x its wait: with ``per: episode`` the waits of a batch spread up
+    to ``cap_s`` / the median (``cap_s = 40 x scale_s`` at alpha 1.2: 40 / 2 ** (1 / 1.2) = 22x).
+
+    >>> latency = StepLatency.from_config({"alpha": 1.2, "scale_s": 0.05, "cap_s": 2.0})
+    >>> latency.wait_s(seed=7, episode="train_0_7/1", t=0) == latency.wait_s(seed=7, episode="train_0_7/1", t=5)
+    True
+    >>> round(latency.wait_s(seed=7, episode="train_0_7/1", t=0), 4), round(latency.wait_s(seed=7, episode="train_0_7/2", t=0), 4)
+    (0.0763, 0.0796)
+    """
+
+    draw: ParetoLatency
+    per: str = attrs.field(default="episode", validator=attrs.validators.in_(get_args(LatencyPer)))
+
+    def wait_s(self, *, seed: int | None, episode: str | None, t: int) -> float:
+        """Seconds to wait after step ``t`` (0-based) of the episode ``episode`` on task ``seed``."""
+        task = f"seed={seed}"
+        if self.per == "task":
+            return self.draw.draw_s(task)
+        key = episode if episode is not None else task
+        return self.draw.draw_s(key if self.per == "episode" else f"{key}|{t}")
+
+    @classmethod
+    def from_config(cls, value: Any, *, option: str = "step_latency") -> StepLatency | None:
+        """None (off), a `StepLatency`, or a mapping of `ParetoLatency`'s fields plus ``per``
+        (``{alpha: 1.2, scale_s: 0.05, cap_s: 2.0, per: episode}``). Anything else raises
+        ValueError naming ``option``.
+
+        >>> StepLatency.from_config({"scale_s": 0.1, "per": "task"}).per
+        'task'
+        >>> StepLatency.from_config({"per": "group"})
+        Traceback (most recent call last):
+        ValueError: step_latency: per must be one of ('episode', 'task', 'step'), got 'group'
+        """
+        if value is None or isinstance(value, StepLatency):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{option} must be a mapping of alpha, scale_s, cap_s and per (or null: off), got {value!r}")
+        rest = dict(value)
+        per = rest.pop("per", "episode")
+        if per not in get_args(LatencyPer):
+            raise ValueError(f"{option}: per must be one of {get_args(LatencyPer)}, got {per!r}")
+        return cls(draw=ParetoLatency.from_config(rest, option=option), per=per)
+
+
+__all__ = ["MAX_CAP_S", "LatencyPer", "ParetoLatency", "StepLatency", "pareto_scale"]

@@ -11,9 +11,12 @@ and passing it through gymnasium's TimeLimit is what makes the wasted turn count
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import re
 import string
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -21,6 +24,7 @@ from gymnasium import spaces
 from gymnasium.wrappers import TimeLimit
 
 from arl.envs.game import check_game
+from arl.envs.latency import StepLatency
 
 # The think block may hold anything except its own closing tag (so text after a first
 # </think> cannot hide inside it); the answer holds one word, surrounded by optional whitespace.
@@ -174,14 +178,25 @@ class TextEnv(gym.Wrapper):
     ``symbol_names``. Also a function of the grid: the state key does not change. It turns reading
     the grid into reading words next to the action names, which SmolLM2-135M can learn and the
     2-D grid alone it did not (benchmarks/HISTORY.md, "SmolLM2-135M on FrozenLake").
+
+    ``step_latency`` (off by default): a heavy-tailed wait after every step,
+    ``{alpha, scale_s, cap_s, per}`` (`arl.envs.latency.StepLatency`; a config's
+    ``rollout.manager.env_kwargs.step_latency``), for a game that behaves like a slow tool
+    environment (a long-tailed workload: ``rollout.partial``, ``rollout.spare_groups``). `step`
+    sleeps through it (a slow env blocks its caller); `astep`, which arl's managers await, waits
+    without blocking the event loop. ``reset(options={"episode": name})`` names the episode the
+    wait is drawn for (the managers pass its ``traj_id``); ``info["latency_s"]`` is the wait.
     """
 
     def __init__(
         self, env: gym.Env | str, *, format_penalty: float | None = None, cell_separator: str = "",
-        positions: bool = False, surroundings: bool = False, **make_kwargs: Any,
+        positions: bool = False, surroundings: bool = False,
+        step_latency: StepLatency | Mapping[str, Any] | None = None, **make_kwargs: Any,
     ) -> None:
         if "\n" in cell_separator:
             raise ValueError(f"cell_separator must not contain a newline (rows are lines), got {cell_separator!r}")
+        self.step_latency = StepLatency.from_config(step_latency)  # before the game: a bad option makes none
+        self._episode: tuple[int | None, str | None] = (None, None)  # (seed, name) that step_latency draws for
         super().__init__(make_game(env, **make_kwargs))
         game = self.env.unwrapped
         check_game(game)
@@ -253,13 +268,29 @@ class TextEnv(gym.Wrapper):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        _obs, info = self.env.reset(seed=seed, options=options)
+        """The game reset to ``seed``; ``options["episode"]`` (taken out, the game never sees it)
+        names the episode for ``step_latency``."""
+        options = dict(options or {})
+        episode = options.pop("episode", None)
+        _obs, info = self.env.reset(seed=seed, options=options or None)
+        self._episode = (seed, None if episode is None else str(episode))
         self.elapsed_steps = 0
         text = self.grid_text()
         return text, {**info, "raw_obs": text, "elapsed_steps": 0}
 
     def step(self, action_text: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return self.step_action(self.parse_action(action_text))
+        """One turn with the model's reply; with ``step_latency``, blocks for its wait after it."""
+        out = self.step_action(self.parse_action(action_text))
+        if out[4].get("latency_s"):
+            time.sleep(out[4]["latency_s"])
+        return out
+
+    async def astep(self, action_text: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """`step` for an event loop: the ``step_latency`` wait is awaited, not slept."""
+        out = self.step_action(self.parse_action(action_text))
+        if out[4].get("latency_s"):  # no latency, no await: the loop's order of episodes is step()'s
+            await asyncio.sleep(out[4]["latency_s"])
+        return out
 
     def step_action(self, action: str | None) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """One turn with an already-parsed canonical action name; None is an invalid turn."""
@@ -279,4 +310,7 @@ class TextEnv(gym.Wrapper):
             "format_penalty": penalty,
             "elapsed_steps": self.elapsed_steps,
         }
+        if self.step_latency is not None:
+            seed, episode = self._episode
+            info["latency_s"] = self.step_latency.wait_s(seed=seed, episode=episode, t=self.elapsed_steps - 1)
         return text, float(reward) + penalty, bool(terminated), bool(truncated), info

@@ -314,12 +314,12 @@ class EnvManager(abc.ABC):
                 raise EngineError(f"the model sampled the image placeholder token (id {rendered.image_token_id}) in "
                                   "its reply: a sample with it cannot be scored (its image tokens would not match)")
             prompt_ids = list(rendered.input_ids)
-        turn, obs, terminated, truncated = self.take(traj, env, prompt_ids, observation, gen)
+        turn, obs, terminated, truncated = await self.take(traj, env, prompt_ids, observation, gen)
         turn.rendered = rendered
         self.record(traj, turn)
         return turn, obs, terminated, truncated
 
-    def take(
+    async def take(
         self, traj: Trajectory, env: Any, prompt_ids: Sequence[int], observation: str, gen: Generation,
         text: str | None = None,
     ) -> tuple[Turn, str, bool, bool]:
@@ -334,7 +334,7 @@ class EnvManager(abc.ABC):
         if text is None:
             text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         key, source = self.env_call(traj, anchor_key, env, observation)
-        obs, reward, terminated, truncated, info = self.env_call(traj, env.step, text)
+        obs, reward, terminated, truncated, info = await self.env_step(traj, env, text)
         info = {**info, "state_key_source": source}
         turn = Turn(
             observation=observation,
@@ -361,7 +361,8 @@ class EnvManager(abc.ABC):
     def start_episode(self, spec: EpisodeSpec, traj: Trajectory) -> tuple[Any, str, int]:
         """A fresh env reset to the spec's seed: (env, raw first observation, turn limit)."""
         env = self.make_env(spec, traj)
-        obs, info = self.env_call(traj, env.reset, seed=spec.seed)
+        # The episode's name: what a per-episode env latency is drawn for (TextEnv's step_latency).
+        obs, info = self.env_call(traj, env.reset, seed=spec.seed, options={"episode": spec.traj_id})
         return env, str(info.get("raw_obs", obs)), self.turn_limit(env)
 
     def make_env(self, spec: EpisodeSpec, traj: Trajectory) -> Any:
@@ -376,12 +377,28 @@ class EnvManager(abc.ABC):
         """Call into the env, timed into traj.timings["env"]; its exceptions become EnvError.
 
         Envs run synchronously on the loop: the games are microseconds per step, and a thread hop
-        would cost more than it saves.
+        would cost more than it saves. A step that waits (an env with ``astep``) goes through
+        `env_step` instead.
         """
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
+            raise EnvError(str(exc)) from exc
+        finally:
+            traj.timings["env"] += time.perf_counter() - start
+
+    async def env_step(self, traj: Trajectory, env: Any, text: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """``env.step(text)`` as `env_call` runs it, or, for an env with ``astep`` (a game with a
+        ``step_latency``, a tool env whose steps run subprocesses), awaited: a slow step then waits
+        without stalling every other episode on the loop. Timed into traj.timings["env"] the same way."""
+        astep = getattr(env, "astep", None)
+        if astep is None:
+            return self.env_call(traj, env.step, text)
+        start = time.perf_counter()
+        try:
+            return await astep(text)
+        except Exception as exc:  # a cancellation (BaseException) passes through, as everywhere on the loop
             raise EnvError(str(exc)) from exc
         finally:
             traj.timings["env"] += time.perf_counter() - start

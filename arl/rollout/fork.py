@@ -212,7 +212,7 @@ class ForkEnvManager(StepEnvManager):
             branch = ForkBranch(fork_id=fork_id, traj_id=f"{fork_id}.{index}", step=t, index=index)
             traj.branches.append(branch)  # in fork order, whatever order they finish in
             branches.start_soon(self.play_branch, spec, traj, branch, copy, prompt, obs, list(history), limit, gen)
-        turn, next_obs, terminated, truncated = self.take(traj, env, prompt, obs, gens[0])
+        turn, next_obs, terminated, truncated = await self.take(traj, env, prompt, obs, gens[0])
         turn.info["fork_id"] = fork_id
         self.record(traj, turn)
         return turn, next_obs, terminated, truncated
@@ -237,7 +237,7 @@ class ForkEnvManager(StepEnvManager):
         stop = limit if horizon is None else min(limit, branch.step + horizon)
         t = branch.step
         while True:
-            turn, next_obs, terminated, truncated = self.take(traj, env, prompt, obs, gen)
+            turn, next_obs, terminated, truncated = await self.take(traj, env, prompt, obs, gen)
             branch.turns.append(turn)
             branch.success = bool(turn.info.get("success", False))
             self.remember(history, obs, turn)

@@ -60,7 +60,7 @@ class OracleEnvManager(StepEnvManager):
     async def act(self, spec: EpisodeSpec, traj: Trajectory, env: Any, prompt_ids: Any,
                   observation: str, rendered: Any = None) -> tuple[Turn, str, bool, bool]:
         text = self.env_call(traj, gold_reply, env)
-        turn, obs, terminated, truncated = self.take(traj, env, [], observation, Generation([], [], "stop", 0),
+        turn, obs, terminated, truncated = await self.take(traj, env, [], observation, Generation([], [], "stop", 0),
                                                      text=text)
         turn.info["reply"] = text
         turn.sampled_with = None

@@ -229,7 +229,7 @@ class _RemoteCalls(EnvManager):
         finally:
             traj.timings["generate"] += time.perf_counter() - start
         gen = Generation([], [], "length" if reply.finish_reason == "length" else "stop", reply.prompt_tokens or 0)
-        turn, obs, terminated, truncated = self.take(traj, env, [], observation, gen, text=reply.text)
+        turn, obs, terminated, truncated = await self.take(traj, env, [], observation, gen, text=reply.text)
         turn.info.update(reply.info())
         turn.sampled_with = None  # no tokens were recorded
         self.record(traj, turn)
