@@ -431,6 +431,16 @@ class TrainConfig:
         if self.rollout.manager.fork.k and self.algo.estimator in ("grpo", "reinforce"):
             raise ValueError(f"rollout.manager.fork with algo.estimator={self.algo.estimator}: it would not read the "
                              "forked groups (their branch rows are no episodes): use gigpo")
+        r = self.rollout
+        if self.algo.estimator == "gigpo" and (r.mode == "traj" or (r.mode == "proxy" and r.proxy.granularity == "traj")):
+            # One sample per episode (or conversation branch) is one GiGPO row: every anchor group is
+            # that row alone, so the step term is 0 and only the episode term trains, under GiGPO's name
+            # (verl's arl_gigpo splits a row into its turns; arl's trainer does not).
+            where = "rollout.mode=traj" if r.mode == "traj" else "rollout.proxy.granularity=traj"
+            raise ValueError(f"algo.estimator=gigpo with {where}: a trajectory sample is one GiGPO row, so every "
+                             "anchor group is a singleton, the step term is 0 and only the episode term would train: "
+                             f"use {'rollout.mode=step' if r.mode == 'traj' else 'rollout.proxy.granularity=step'} "
+                             "(one sample per turn) for GiGPO, or algo.estimator=grpo for a trajectory-level advantage")
         partial = self.rollout.partial
         if partial.enabled and self.algo.is_cap is None:
             raise ValueError("rollout.partial trains tokens sampled by older policies: it needs the truncated "

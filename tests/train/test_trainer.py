@@ -160,6 +160,20 @@ def test_bad_config_names_the_field_and_the_choices(override, words):
         assert word in str(err.value)
 
 
+@pytest.mark.parametrize("overrides, fix", [
+    (["rollout.mode=traj"], "rollout.mode=step"),
+    (["rollout.mode=proxy", "rollout.proxy.granularity=traj"], "rollout.proxy.granularity=step"),
+])
+def test_gigpo_on_trajectory_samples_is_refused(overrides, fix):
+    """A traj sample is one GiGPO row: every anchor group a singleton, the step term 0. Training that
+    under GiGPO's name would log gigpo_* metrics of an estimator that never ran its step term."""
+    with pytest.raises(ConfigError, match="step term is 0") as err:
+        load_config(None, [*overrides, "algo.estimator=gigpo"])
+    assert fix in str(err.value) and "algo.estimator=grpo" in str(err.value)
+    assert load_config(None, [*overrides, "algo.estimator=grpo"]).algo.estimator == "grpo"
+    assert load_config(None, ["rollout.mode=proxy", "rollout.proxy.granularity=step"]).algo.estimator == "gigpo"
+
+
 def test_every_shipped_config_loads():
     from pathlib import Path
 
