@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -84,10 +83,10 @@ def main() -> None:
     result = probe(x, y)
     kinds = result["kinds"]
     print(f"{args.model}{' + ' + args.weights if args.weights else ''}: {len(y)} image tokens, "
-          f"{dict(zip(kinds, result['counts']))}")
+          f"{dict(zip(kinds, result['counts'], strict=True))}")
     print("cosine of the cell types' mean embeddings:")
     print("      " + "  ".join(f"{k:>6}" for k in kinds))
-    for k, row in zip(kinds, result["centroid_cosine"]):
+    for k, row in zip(kinds, result["centroid_cosine"], strict=True):
         print(f"{k:>6}" + "  ".join(f"{c:6.3f}" for c in row))
     print(f"nearest-centroid accuracy {result['nearest_centroid_acc']:.3f}")
     if args.label:

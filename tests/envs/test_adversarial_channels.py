@@ -220,7 +220,7 @@ async def test_on_the_host_every_channel_carries_the_bit(tmp_path, channel):
     if "refused" in quiet:  # e.g. fanotify for a user without CAP_SYS_ADMIN on a kernel before 5.13
         pytest.skip(f"this host refuses {channel} to this user: {quiet}")
     if quiet.split()[0] == "seen" and channel == "devnull":  # /dev/null is the host's: any process may hold a lock
-        pytest.skip(f"a process on this host already holds a lock on /dev/null (lslocks says which; seen here: "
-                    f"dockerd, with an OFD read lock on its stdin): the control cannot tell a sender from it")
+        pytest.skip("a process on this host already holds a lock on /dev/null (lslocks says which; seen here: "
+                    "dockerd, with an OFD read lock on its stdin): the control cannot tell a sender from it")
     sent = await _play("none", tmp_path, channel, send=True)
     assert (quiet, sent) == ("unseen", "seen")

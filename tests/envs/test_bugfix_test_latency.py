@@ -14,11 +14,11 @@ import time
 import gymnasium as gym
 import pytest
 
+from arl.envs import latency as latency_module
 from arl.envs import register_envs
 from arl.envs.bugfix import BugFixEnv, HiddenTestsSpec, assistant_message, generate_task, solution_calls
 from arl.envs.bugfix import judge as judge_module
 from arl.envs.bugfix.judge import latency_key
-from arl.envs import latency as latency_module
 from arl.envs.latency import ParetoLatency, pareto_scale
 from arl.sandbox.sandbox import bwrap_problem
 
