@@ -307,7 +307,7 @@ def eval_rollout(args: argparse.Namespace) -> Any:
     rollout = RolloutConfig(env_id=args.env or env, mode=args.mode or mode, num_groups=1, group_size=1, manager=manager,
                             proxy=train.rollout.proxy if args.config else ProxyConfig())
     # the game and the runner resolve before an engine starts (ConfigError: exit 2, the dotted path named);
-    # evaluation trains nothing, so the estimator is one that takes any sample (gigpo refuses traj samples)
+    # evaluation trains nothing, so the estimator is one that takes any sample (gigpo refuses proxy traj branches)
     check_config(TrainConfig(rollout=rollout, algo=AlgoConfig(estimator="grpo")), rollout=True)
     return rollout
 

@@ -133,7 +133,18 @@ def estimate(name: str, samples: Sequence[Any], settings: Any) -> tuple[np.ndarr
                          "(one per sample)")
     if not np.isfinite(adv).all():
         raise ValueError(f"estimator {name!r} returned {int((~np.isfinite(adv)).sum())} non-finite advantages")
-    return adv, {**out[1], "adv_abs_mean": float(np.abs(adv).mean())}
+    return adv, {**out[1], "adv_abs_mean": _abs_mean(adv, samples)}
+
+
+def _abs_mean(adv: np.ndarray, samples: Sequence[Any]) -> float:
+    """Mean |A| per sample, or, for per-token advantages, over the response tokens (where the loss
+    reads them; a prompt's zeros would dilute it by the prompt's length)."""
+    if adv.ndim == 1:
+        return float(np.abs(adv).mean())
+    values = [np.abs(row[: len(s.response_mask)][np.asarray(s.response_mask, dtype=bool)])
+              for row, s in zip(adv, samples, strict=True) if hasattr(s, "response_mask")]
+    values = [v for v in values if v.size]
+    return float(np.concatenate(values).mean()) if values else float(np.abs(adv).mean())
 
 
 def _no_branches(name: str, samples: Sequence[Any]) -> None:
@@ -204,8 +215,12 @@ def _gigpo(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str,
     plus ``step_weight`` x the step term (the discounted return-to-go of ``step_score``, normalized
     within its anchor group: the rows of a group with one ``state_key``); its anchor-group statistics come back as ``gigpo_*``. A batch with forked rows
     (`arl.rollout.fork`) goes to `arl.algo.gigpo_forked`: the same terms, with the fork groups as
-    the anchors of the forked states (``gigpo_fork_*`` stats besides)."""
+    the anchors of the forked states (``gigpo_fork_*`` stats besides). Trajectory samples that list
+    their turns (``turns``, `arl.rollout.records.TurnSpan`) go to `_gigpo_per_turn`: one step row per
+    turn, one advantage per token."""
     extra = {k: getattr(settings, k) for k in ("episode_stats", "singleton") if hasattr(settings, k)}
+    if any(getattr(s, "turns", ()) for s in samples):
+        return _gigpo_per_turn(samples, settings, extra)
     columns = (
         [s.episode_score for s in samples], [s.step_score for s in samples], [s.group_id for s in samples],
         [s.traj_id for s in samples], [s.step for s in samples], _state_keys(samples),
@@ -220,6 +235,46 @@ def _gigpo(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str,
     else:
         adv, stats = gigpo(*columns, **options)
     return adv, {f"gigpo_{k}": float(v) for k, v in stats.items()}
+
+
+def _gigpo_per_turn(samples: Sequence[Any], settings: Any, extra: dict[str, Any]) -> tuple[np.ndarray, dict[str, float]]:
+    """GiGPO on trajectory samples: every turn of every sample is one step row (its reward, its
+    state key, its validity, step t of its trajectory), `arl.algo.gigpo` gives each row its
+    advantage A(i, t), and A(i, t) goes on turn t's reply tokens (``input_ids[start:end]``, where
+    ``response_mask`` is 1); every other token gets 0. Returns (B, L) with L the longest sample.
+    The same rows verl's ``arl_gigpo`` builds from the agent loop's turn spans
+    (`arl.integrations.verl.gigpo.token_advantages`), so both trainers credit a traj episode's
+    turns alike. A turn without a state key is its own anchor (a singleton). A batch that mixes
+    samples with turns and without is refused: a step sample is a row already, a trajectory sample
+    without turns would be read as one.
+
+    >>> import types
+    >>> T = lambda a, b, r, k: types.SimpleNamespace(start=a, end=b, reward=r, state_key=k, action_valid=True)
+    >>> S = lambda R, traj, turns: types.SimpleNamespace(episode_score=R, group_id="g", traj_id=traj,
+    ...     input_ids=[0] * 6, response_mask=[0, 1, 0, 1, 1, 0], turns=turns, action_valid=True)
+    >>> won = S(1.0, "A", [T(1, 2, 0.0, "s0"), T(3, 5, 1.0, "s1")])   # two turns: s0, then s1 to the goal
+    >>> lost = S(0.0, "B", [T(1, 2, 0.0, "s0"), T(3, 5, 0.0, "s2")])  # s0 too, then a hole
+    >>> settings = types.SimpleNamespace(gamma=0.5, step_weight=1.0, gigpo_norm="mean_norm")
+    >>> adv, stats = estimate("gigpo", [won, lost], settings)
+    >>> adv.tolist()  # the episode term +-0.5; at s0 (anchor of 2) returns 0.5 vs 0: +-0.25 more
+    [[0.0, 0.75, 0.0, 0.5, 0.5, 0.0], [0.0, -0.75, 0.0, -0.5, -0.5, 0.0]]
+    """
+    if not all(getattr(s, "turns", ()) for s in samples):
+        raise ValueError("gigpo got a batch that mixes trajectory samples with turns (Sample.turns) and samples "
+                         "without: one manager's samples are one kind")
+    rows = [(i, t, span) for i, s in enumerate(samples) for t, span in enumerate(s.turns)]
+    keys = [span.state_key if span.state_key is not None else f"{samples[i].traj_id}/{t}" for i, t, span in rows]
+    adv, stats = gigpo(
+        [samples[i].episode_score for i, _, _ in rows], [span.reward for _, _, span in rows],
+        [samples[i].group_id for i, _, _ in rows], [samples[i].traj_id for i, _, _ in rows],
+        [t for _, t, _ in rows], keys, gamma=settings.gamma, step_weight=settings.step_weight,
+        norm=settings.gigpo_norm, invalid_penalty=getattr(settings, "invalid_penalty", 0.0),
+        action_valid=[span.action_valid for _, _, span in rows], **extra)
+    out = np.zeros((len(samples), max(len(s.input_ids) for s in samples)))
+    for (i, _, span), a in zip(rows, adv, strict=True):
+        mask = np.asarray(samples[i].response_mask[span.start:span.end], dtype=np.float64)
+        out[i, span.start:span.end] = a * mask
+    return out, {f"gigpo_{k}": float(v) for k, v in stats.items()}
 
 
 register("reinforce", _reinforce)

@@ -126,6 +126,21 @@ class Trajectory:
         return self.exit_reason in NORMAL_EXITS
 
 
+@attrs.frozen
+class TurnSpan:
+    """One turn inside a trajectory sample: its reply is ``input_ids[start:end]``; ``reward`` is what
+    its env step earned, ``state_key`` the anchor key of the state it acted in (`EnvManager.take`),
+    ``action_valid`` whether its reply was a valid action. GiGPO reads a trajectory sample as one
+    step row per turn through these (`arl.algo.estimators`), as verl's ``arl_gigpo`` reads the
+    agent loop's turn spans."""
+
+    start: int
+    end: int
+    reward: float
+    state_key: str | None
+    action_valid: bool
+
+
 # Sample's arguments after old_logprobs; before `score` was removed it came fourth, these after it
 _AFTER_LOGPROBS = ("episode_score", "step_score", "group_id", "traj_id")
 
@@ -203,9 +218,19 @@ class Sample:
     # partial rollout's carried episode holds tokens of several versions (`arl.rollout.partial`).
     # Empty: not recorded, every response token counts as ``policy_version``'s (`response_versions`).
     token_versions: list[int] = attrs.Factory(list)
+    # A trajectory sample's turns, in order, one per reply (`TurnSpan`): what GiGPO's step term reads
+    # there. Empty: a step sample (its own step, state_key and step_score are the turn's), or a
+    # trajectory sample made without them.
+    turns: tuple[TurnSpan, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.input_ids)
+        end = 0
+        for span in self.turns:
+            if not end <= span.start <= span.end <= n:
+                raise ValueError(f"Sample turns misaligned: a turn spans [{span.start}, {span.end}) after "
+                                 f"{end}, in {n} input ids (turns are in order, inside input_ids)")
+            end = span.end
         if self.rendered is not None:
             check_images(self.input_ids, self.response_mask, self.rendered)
         if len(self.response_mask) != n or len(self.old_logprobs) != n:
@@ -235,11 +260,13 @@ class Sample:
         action_valid: bool, policy_version: int | None = None, step: int = 0, state_key: str | None = None,
         traj_id: str | None = None, episode_score: float | None = None, info: dict[str, Any] | None = None,
         fork_id: str | None = None, fork_rewards: Sequence[float] = (), branch: bool = False, rendered: Any = None,
+        turns: Sequence[TurnSpan] = (),
     ) -> Sample:
         """The one way a manager makes a Sample: ``row``'s tokens, loss mask, log-probs and draws,
         credited with ``step_score``, in ``spec``'s group, env and trajectory
         (``traj_id``: another, a branch's) and ``traj``'s exit and episode score (``episode_score``:
-        another, a branch's). ``rendered``: the images of its last prompt (`Sample.rendered`). ``info`` holds ``mode`` and the episode's seed, tag, number of turns and
+        another, a branch's). ``rendered``: the images of its last prompt (`Sample.rendered`); ``turns``: a
+        trajectory sample's `TurnSpan` per reply. ``info`` holds ``mode`` and the episode's seed, tag, number of turns and
         success, then ``info``'s own entries (which may replace them). ``policy_version``: the
         oldest of the row's token versions when it records them (None: that one; 0 if it does not)."""
         versions = row.token_versions
@@ -254,6 +281,7 @@ class Sample:
             info={"mode": mode, "seed": spec.seed, "tag": spec.tag, "num_turns": len(traj.turns),
                   "success": traj.success, **(info or {})},
             fork_id=fork_id, fork_rewards=fork_rewards, branch=branch, rendered=rendered, token_versions=versions,
+            turns=turns,
         )
 
     @property

@@ -27,7 +27,7 @@ from arl.engine.prompt import PromptView
 from arl.engine.tokens import TokenRow
 from arl.envs.prompts import compact_messages, compact_user_message, traj_messages_start, traj_user_message
 from arl.rollout.base import EnvManager, EpisodeSpec, bridge_ids, chat_ids, image_kwargs
-from arl.rollout.records import Sample, Trajectory, Turn
+from arl.rollout.records import Sample, Trajectory, Turn, TurnSpan
 
 
 class TrajEnvManager(EnvManager):
@@ -90,16 +90,17 @@ class TrajEnvManager(EnvManager):
         previous turn's tokens, so the new part of each prompt is that turn's bridge)."""
         if not traj.turns:
             return []
-        row = TokenRow()
+        row, spans = TokenRow(), []
         for turn in traj.turns:
             _check_prefix(row.ids, turn)
             bridge = turn.prompt_ids[len(row.ids) :]
-            row.context(bridge).generated(turn.response_ids, turn.response_logprobs, turn.sampled_with,
-                                          turn.policy_version)
+            start = len(row.context(bridge).ids)
+            row.generated(turn.response_ids, turn.response_logprobs, turn.sampled_with, turn.policy_version)
+            spans.append(TurnSpan(start, len(row.ids), turn.reward, turn.state_key, turn.action_valid))
             row.context(self.close_turn(turn.response_ids))
         return [Sample.of(spec, traj, row, mode=self.mode, step_score=traj.episode_score,
                           action_valid=all(t.action_valid for t in traj.turns),  # policy_version: the oldest token's
-                          rendered=traj.turns[-1].rendered)]
+                          rendered=traj.turns[-1].rendered, turns=spans)]
 
 
 def _check_prefix(ids: list[int], turn: Turn) -> None:

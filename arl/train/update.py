@@ -48,6 +48,7 @@ def policy_update(
     temperature: float = 1.0,
 ) -> dict[str, float]:
     """Optimizer steps on one collated batch (`arl.rollout.collate`); returns ``train/*`` metrics.
+    ``advantages``: one per sample (B,), or one per token (B, L), aligned with the batch's rows.
     ``temperature`` scores the tokens of a batch that carries no per-token ``temperatures``."""
     device = next(model.parameters()).device
     n = batch["input_ids"].shape[0]
@@ -56,6 +57,11 @@ def policy_update(
             raise ValueError(f"temperature must be > 0 (a greedy draw is scored at 1), got {temperature}")
         batch = {**batch, "temperatures": torch.full(batch["input_ids"].shape, float(temperature))}
     adv = torch.tensor(advantages, dtype=torch.float32, device=device)
+    if adv.dim() == 2:  # one per token (GiGPO on trajectory samples): aligned with the padded input_ids
+        width = batch["input_ids"].shape[1]
+        if adv.shape[1] > width:
+            raise ValueError(f"per-token advantages are {adv.shape[1]} wide, the batch's rows {width}")
+        adv = torch.nn.functional.pad(adv, (0, width - adv.shape[1]))
     # PPO's "old" policy is the trainer's own log-probs of the sampled tokens before the update.
     # With one optimizer step per rollout they equal the current ones (ratio == 1, plain policy
     # gradient), so the extra forward pass is skipped and each micro-batch detaches its own.
@@ -91,7 +97,8 @@ def policy_update(
                 with torch.set_grad_enabled(algo.entropy_coef > 0 and torch.is_grad_enabled()):
                     entropy = entropy_from_logits(logits, rows["temperatures"], positions=keep, length=width)
                 loss, m = policy_loss(
-                    logp, logp.detach() if old is None else old[idx, :width].to(device), adv[idx],
+                    logp, logp.detach() if old is None else old[idx, :width].to(device),
+                    adv[idx] if adv.dim() == 1 else adv[idx, :width],
                     rows["response_mask"],
                     clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, dual_clip=algo.dual_clip,
                     agg=algo.agg, ref_logprobs=None if ref is None else ref[idx, :width].to(device),

@@ -156,6 +156,7 @@ def test_a_bad_runner_path_is_a_clear_error(tmp_path):
 
 async def test_tool_call_agents_warm_start_from_the_scripted_tool_call_teacher(tmp_path):
     config = small_config(tmp_path, "rollout.mode=proxy", "rollout.proxy.runner=tool", "rollout.proxy.granularity=traj",
+                          "algo.estimator=grpo",
                           "sft.steps=2", "sft.batch_episodes=4", "steps=1", "rollout.manager.max_tokens=40")
     async with Trainer(config, engine=scripted(config)) as trainer:
         history = await trainer.train()

@@ -29,6 +29,52 @@ async def test_every_parameter_moves_and_metrics_are_namespaced(tmp_path):
     assert metrics["train/gigpo_anchor_group_size_mean"] >= 1
 
 
+async def test_gigpo_in_traj_mode_credits_each_turn_on_its_own_tokens(tmp_path):
+    """Trajectory samples list their turns (Sample.turns): GiGPO reads one step row per turn, so the
+    group's members meet at their shared first state (an anchor group, not singletons) and each
+    turn's reply tokens carry that turn's advantage; prompts and bridges carry 0. Before, a traj
+    episode was one row: every anchor group a singleton and the step term 0."""
+    import numpy as np
+
+    from arl.algo import gigpo
+
+    config = small_config(tmp_path, "algo.estimator=gigpo", "rollout.mode=traj", "rollout.manager.max_turns=4",
+                          "algo.gamma=0.5", "algo.step_weight=1.0")
+    seen = []
+    async with Trainer(config, engine=scripted(config)) as trainer:
+        await trainer.setup()
+        update = trainer.update
+
+        def recording(samples, advantages):
+            seen.append((samples, advantages))
+            return update(samples, advantages)
+
+        trainer.update = recording
+        before = params_of(trainer.model)
+        metrics = await trainer.step()
+        moved = any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    (samples, adv), = seen
+    assert moved and metrics["train/skipped_updates"] == 0
+    assert adv.shape == (len(samples), max(len(s.input_ids) for s in samples))
+    assert metrics["train/gigpo_anchor_singleton_frac"] < 1  # the members' shared first state is one anchor group
+    rows = [(i, t, span) for i, s in enumerate(samples) for t, span in enumerate(s.turns)]
+    assert all(s.turns and len(s.turns) == s.info["num_turns"] for s in samples)
+    expected, _ = gigpo([samples[i].episode_score for i, _, _ in rows], [sp.reward for *_, sp in rows],
+                        [samples[i].group_id for i, _, _ in rows], [samples[i].traj_id for i, _, _ in rows],
+                        [t for _, t, _ in rows], [sp.state_key for *_, sp in rows], gamma=0.5, step_weight=1.0,
+                        action_valid=[sp.action_valid for *_, sp in rows])
+    for (i, _, span), a in zip(rows, expected, strict=True):
+        mask = np.asarray(samples[i].response_mask)
+        assert mask[span.start:span.end].all()  # a turn's span is its reply
+        assert np.allclose(adv[i, span.start:span.end], a)
+    for i, s in enumerate(samples):  # context tokens and padding: 0
+        outside = np.ones(adv.shape[1], dtype=bool)
+        for span in s.turns:
+            outside[span.start:span.end] = False
+        assert not adv[i, outside].any()
+    assert np.abs(expected).max() > 0 and metrics["train/gigpo_step_adv_abs_mean"] > 0
+
+
 @pytest.mark.vllm
 async def test_weight_push_makes_engine_logprobs_equal_trainer_logprobs(tmp_path, vllm_engine, tiny_path):
     from transformers import AutoModelForCausalLM
@@ -160,18 +206,16 @@ def test_bad_config_names_the_field_and_the_choices(override, words):
         assert word in str(err.value)
 
 
-@pytest.mark.parametrize("overrides, fix", [
-    (["rollout.mode=traj"], "rollout.mode=step"),
-    (["rollout.mode=proxy", "rollout.proxy.granularity=traj"], "rollout.proxy.granularity=step"),
-])
-def test_gigpo_on_trajectory_samples_is_refused(overrides, fix):
-    """A traj sample is one GiGPO row: every anchor group a singleton, the step term 0. Training that
-    under GiGPO's name would log gigpo_* metrics of an estimator that never ran its step term."""
+def test_gigpo_on_conversation_branches_is_refused():
+    """A proxy traj sample (a conversation branch) records no turns: one GiGPO row, every anchor
+    group a singleton, the step term 0. Training that under GiGPO's name would log gigpo_* metrics
+    of an estimator that never ran its step term."""
+    overrides = ["rollout.mode=proxy", "rollout.proxy.granularity=traj"]
     with pytest.raises(ConfigError, match="step term is 0") as err:
         load_config(None, [*overrides, "algo.estimator=gigpo"])
-    assert fix in str(err.value) and "algo.estimator=grpo" in str(err.value)
+    assert "rollout.proxy.granularity=step" in str(err.value) and "algo.estimator=grpo" in str(err.value)
     assert load_config(None, [*overrides, "algo.estimator=grpo"]).algo.estimator == "grpo"
-    assert load_config(None, ["rollout.mode=proxy", "rollout.proxy.granularity=step"]).algo.estimator == "gigpo"
+    assert load_config(None, ["rollout.mode=traj", "algo.estimator=gigpo"]).algo.estimator == "gigpo"  # turns: per turn
 
 
 def test_every_shipped_config_loads():

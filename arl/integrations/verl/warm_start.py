@@ -51,7 +51,7 @@ def warm_start_config(agent_loops: str | Path, env_id: str, *, model: str = "tin
     """The TrainConfig whose trainer runs the warm-start: the agent loop's rollout on ``env_id``, arl's
     HF engine (no vLLM in verl's venv), ``steps=0`` (no RL step)."""
     sft = sft or SFTConfig(steps=30, lr=1e-3, batch_episodes=64)
-    # algo.estimator=grpo: no RL step runs, and arl's trainer refuses gigpo on the agent loop's traj samples
+    # algo.estimator=grpo: no RL step runs, and gigpo is refused on a proxy agent loop's conversation branches
     config = load_config(None, [f"model={model}", f"seed={seed}", "steps=0", "engine.backend=hf", "algo.estimator=grpo",
                                 f"out_dir={out_dir}", "name=warm_start", "eval.every=0", "eval.at_start=false"])
     rollout = attrs.evolve(agent_loop_rollout(agent_loops, name), env_id=env_id)
