@@ -25,7 +25,7 @@ from arl.rollout.base import (
 from arl.rollout.fork import ForkEnvManager, NotForkableError
 from arl.rollout.metrics import rollout_metrics
 from arl.rollout.proxy import ProxyEnvManager
-from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, ForkBranch, Sample, Trajectory, Turn, collate
+from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, ForkBranch, Sample, Trajectory, Turn, TurnSpan, collate
 from arl.rollout.scheduler import VAL_BASE_SEED, GroupScheduler, RolloutBatch
 from arl.rollout.step import StepEnvManager
 from arl.rollout.traj import TrajEnvManager
@@ -51,6 +51,7 @@ __all__ = [
     "TrajEnvManager",
     "Trajectory",
     "Turn",
+    "TurnSpan",
     "bridge_ids",
     "chat_ids",
     "collate",
