@@ -432,7 +432,7 @@ class MessageTracker:
             row = row.cut(len(row.ids) - branch.nodes[-1].separator)
             oldest = min(v for v, m in zip(row.versions, row.mask, strict=True) if m)  # its oldest token's version
             last = self.requests[branch.requests[-1]]
-            if last.rendered is not None:  # (the expanded row records no token versions)
+            if last.rendered is not None:
                 row = expand_images(row, len(last.prompt.prompt_ids), last.rendered)
             out.append(TrackedSample(
                 input_ids=row.ids, response_mask=row.mask, logprobs=row.logprobs,
@@ -466,29 +466,34 @@ class MessageTracker:
 def expand_images(row: TokenRow, prompt_len: int, rendered: Any) -> TokenRow:
     """``row`` with its first ``prompt_len`` tokens (a prompt with one image placeholder per image)
     replaced by ``rendered.input_ids``, the engine's expansion of them: each image's tokens are
-    context (mask 0, log-prob 0), every other token keeps its mask and log-prob in order.
+    context (mask 0, log-prob 0, version -1), every other token keeps its mask, log-prob and policy
+    version in order.
 
     >>> import numpy as np
     >>> from arl.engine.image_prompt import ImagePrompt, RenderedPrompt
     >>> r = RenderedPrompt(ImagePrompt([5, 9], [None]), (5, 9, 9, 9), np.zeros((12, 3)), np.array([[1, 2, 6]]), (None,), 9)
-    >>> row = expand_images(TokenRow().context([5, 9]).generated([7], [-0.5]), 2, r)
-    >>> row.ids, row.mask, row.logprobs
-    ([5, 9, 9, 9, 7], [0, 0, 0, 0, 1], [0.0, 0.0, 0.0, 0.0, -0.5])
+    >>> row = expand_images(TokenRow().context([5, 9]).generated([7], [-0.5], version=3), 2, r)
+    >>> row.ids, row.mask, row.logprobs, row.token_versions
+    ([5, 9, 9, 9, 7], [0, 0, 0, 0, 1], [0.0, 0.0, 0.0, 0.0, -0.5], [-1, -1, -1, -1, 3])
     """
     pad = rendered.image_token_id
     if list(rendered.prompt.token_ids) != row.ids[:prompt_len]:
         raise ValueError("the rendered prompt is not the sample's prompt: its images cannot be placed")
-    head = zip(row.ids[:prompt_len], row.mask[:prompt_len], row.logprobs[:prompt_len], strict=True)
-    text = iter([(m, lp) for t, m, lp in head if t != pad])
+    versions = row.versions if len(row.versions) == len(row.ids) else [-1] * len(row.ids)
+    head = zip(row.ids[:prompt_len], row.mask[:prompt_len], row.logprobs[:prompt_len], versions[:prompt_len],
+               strict=True)
+    text = iter([(m, lp, v) for t, m, lp, v in head if t != pad])
     out = TokenRow(draws=list(row.draws))
     for t in rendered.input_ids:
-        m, lp = (0, 0.0) if t == pad else next(text)
+        m, lp, v = (0, 0.0, -1) if t == pad else next(text)
         out.ids.append(int(t))
         out.mask.append(m)
         out.logprobs.append(lp)
+        out.versions.append(v)  # an image's tokens are context (-1); a carried episode's replies keep their own
     out.ids += row.ids[prompt_len:]
     out.mask += row.mask[prompt_len:]
     out.logprobs += row.logprobs[prompt_len:]
+    out.versions += versions[prompt_len:]
     return out
 
 
