@@ -291,7 +291,7 @@ async def _eval(args: argparse.Namespace, settings: Any) -> Any:
 def eval_rollout(args: argparse.Namespace) -> Any:
     """`arl eval`'s rollout: the defaults (FrozenLake, step mode, full prompts, T = 0.5, 8 tokens), or
     ``--config``'s game, mode and manager at its ``eval.temperature``; each flag given wins."""
-    from arl.config import AlgoConfig, ManagerConfig, ProxyConfig, RolloutConfig, TrainConfig, load_config
+    from arl.config import ManagerConfig, ProxyConfig, RolloutConfig, TrainConfig, load_config
     from arl.train.checks import check_config
 
     if args.config:
@@ -306,9 +306,8 @@ def eval_rollout(args: argparse.Namespace) -> Any:
     manager = attrs.evolve(manager, **{k: v for k, v in given.items() if v is not None})
     rollout = RolloutConfig(env_id=args.env or env, mode=args.mode or mode, num_groups=1, group_size=1, manager=manager,
                             proxy=train.rollout.proxy if args.config else ProxyConfig())
-    # the game and the runner resolve before an engine starts (ConfigError: exit 2, the dotted path named);
-    # evaluation trains nothing, so the estimator is one that takes any sample (gigpo refuses proxy traj branches)
-    check_config(TrainConfig(rollout=rollout, algo=AlgoConfig(estimator="grpo")), rollout=True)
+    # the game and the runner resolve before an engine starts (ConfigError: exit 2, the dotted path named)
+    check_config(TrainConfig(rollout=rollout), rollout=True)
     return rollout
 
 

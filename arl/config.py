@@ -431,15 +431,6 @@ class TrainConfig:
         if self.rollout.manager.fork.k and self.algo.estimator in ("grpo", "reinforce"):
             raise ValueError(f"rollout.manager.fork with algo.estimator={self.algo.estimator}: it would not read the "
                              "forked groups (their branch rows are no episodes): use gigpo")
-        r = self.rollout
-        if self.algo.estimator == "gigpo" and r.mode == "proxy" and r.proxy.granularity == "traj":
-            # One sample per conversation branch is one GiGPO row, and a branch records no turn spans
-            # (Sample.turns, which TrajEnvManager's samples carry): every anchor group would be that row
-            # alone, the step term 0, and only the episode term would train under GiGPO's name.
-            raise ValueError("algo.estimator=gigpo with rollout.proxy.granularity=traj: a conversation branch is one "
-                             "GiGPO row with no turns, so every anchor group is a singleton, the step term is 0 and "
-                             "only the episode term would train: use rollout.proxy.granularity=step (one sample per "
-                             "model call) for GiGPO, or algo.estimator=grpo for a trajectory-level advantage")
         partial = self.rollout.partial
         if partial.enabled and self.algo.is_cap is None:
             raise ValueError("rollout.partial trains tokens sampled by older policies: it needs the truncated "

@@ -78,6 +78,27 @@ def check_config(config: TrainConfig, *, rollout: bool = True) -> TrainConfig:
     return config
 
 
+def check_estimator_reads(estimator: str, sample_mode: str) -> None:
+    """ConfigError when ``estimator`` cannot read the samples a manager of ``sample_mode`` makes
+    (its ``mode``: ``traj``, ``step``, ``proxy-step``, ``proxy-traj``, ...).
+
+    GiGPO on ``proxy-traj`` samples: a conversation branch records no turns (`Sample.turns`, which
+    trajectory-mode samples carry), so it is one GiGPO row, every anchor group is that row alone,
+    the step term is 0 and only the episode term would train, under GiGPO's name.
+
+    >>> check_estimator_reads("gigpo", "traj"), check_estimator_reads("grpo", "proxy-traj")
+    (None, None)
+    >>> check_estimator_reads("gigpo", "proxy-traj")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    arl.config.ConfigError: algo.estimator=gigpo with rollout.proxy.granularity=traj: ...
+    """
+    if estimator == "gigpo" and sample_mode == "proxy-traj":
+        raise ConfigError("algo.estimator=gigpo with rollout.proxy.granularity=traj: a conversation branch is one "
+                          "GiGPO row with no turns, so every anchor group is a singleton, the step term is 0 and only "
+                          "the episode term would train: use rollout.proxy.granularity=step (one sample per model "
+                          "call) for GiGPO, or algo.estimator=grpo for a trajectory-level advantage")
+
+
 def _check_env(env_id: str) -> None:
     import gymnasium as gym
 
@@ -97,4 +118,4 @@ def _check_runner(config: TrainConfig) -> None:
         check_pull_env(config.rollout.env_id, config.rollout.manager.env_kwargs)
 
 
-__all__ = ["check_config", "config_problems"]
+__all__ = ["check_config", "check_estimator_reads", "config_problems"]

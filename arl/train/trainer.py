@@ -48,7 +48,7 @@ from arl.rollout.scheduler import check_batch
 from arl.train import episodes, lora
 from arl.train.canary import SyncCanary, WeightSyncError
 from arl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from arl.train.checks import check_config
+from arl.train.checks import check_config, check_estimator_reads
 from arl.train.logging import MetricsLogger, plot_learning_curve
 from arl.train.precision import resolve_precision, weights_dtype
 from arl.train.run_dir import check_fresh, load_reference, save_config, save_reference
@@ -89,6 +89,9 @@ class Trainer:
         # before anything is built: the env id, estimator and runner the config names resolve (ConfigError);
         # an injected manager runs its own rollout, so only what the trainer itself uses is checked then
         check_config(config, rollout=manager is None)
+        r = config.rollout
+        check_estimator_reads(config.algo.estimator, manager.mode if manager is not None else (
+            f"proxy-{r.proxy.granularity}" if r.mode == "proxy" else r.mode))  # what the samples can give it
         self.config = resolve_precision(config)  # optim.precision "auto" -> bf16 or fp32, once
         self.engine = engine  # injected (tests, notebooks) or built in setup()
         self._owns_engine = engine is None

@@ -14,7 +14,7 @@ from tests.rollout.test_partial import Held
 pytestmark = pytest.mark.anyio
 
 PARTIAL = ("rollout.partial.enabled=true", "rollout.partial.carry_over_groups=1", "rollout.partial.max_age=2",
-           "rollout.mode=traj", "rollout.manager.max_turns=3", "save_every=1", "algo.estimator=grpo")
+           "rollout.mode=traj", "rollout.manager.max_turns=3", "save_every=1")
 
 
 class Crash(RuntimeError):

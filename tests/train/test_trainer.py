@@ -206,16 +206,23 @@ def test_bad_config_names_the_field_and_the_choices(override, words):
         assert word in str(err.value)
 
 
-def test_gigpo_on_conversation_branches_is_refused():
+def test_gigpo_on_conversation_branches_is_refused(tmp_path):
     """A proxy traj sample (a conversation branch) records no turns: one GiGPO row, every anchor
     group a singleton, the step term 0. Training that under GiGPO's name would log gigpo_* metrics
-    of an estimator that never ran its step term."""
-    overrides = ["rollout.mode=proxy", "rollout.proxy.granularity=traj"]
+    of an estimator that never ran its step term. The config still loads (an eval directory's
+    config.yaml is read back, and evaluation trains nothing); the Trainer refuses it."""
+    from arl.rollout import ProxyEnvManager
+
+    overrides = [f"out_dir={tmp_path}", "rollout.mode=proxy", "rollout.proxy.granularity=traj"]
+    config = load_config(None, [*overrides, "algo.estimator=gigpo"])
     with pytest.raises(ConfigError, match="step term is 0") as err:
-        load_config(None, [*overrides, "algo.estimator=gigpo"])
+        Trainer(config)
     assert "rollout.proxy.granularity=step" in str(err.value) and "algo.estimator=grpo" in str(err.value)
-    assert load_config(None, [*overrides, "algo.estimator=grpo"]).algo.estimator == "grpo"
-    assert load_config(None, ["rollout.mode=traj", "algo.estimator=gigpo"]).algo.estimator == "gigpo"  # turns: per turn
+    with pytest.raises(ConfigError, match="step term is 0"):  # an injected manager: its own mode counts
+        Trainer(load_config(None, [f"out_dir={tmp_path}", "algo.estimator=gigpo"]),
+                manager=ProxyEnvManager(scripted(config), granularity="traj"))
+    Trainer(load_config(None, [*overrides, "algo.estimator=grpo"]))
+    Trainer(load_config(None, [f"out_dir={tmp_path}", "rollout.mode=traj", "algo.estimator=gigpo"]))  # turns: per turn
 
 
 def test_every_shipped_config_loads():
