@@ -25,7 +25,16 @@ from arl.rollout.base import (
 from arl.rollout.fork import ForkEnvManager, NotForkableError
 from arl.rollout.metrics import rollout_metrics
 from arl.rollout.proxy import ProxyEnvManager
-from arl.rollout.records import EXIT_REASONS, NORMAL_EXITS, ForkBranch, Sample, Trajectory, Turn, TurnSpan, collate
+from arl.rollout.records import (
+    EXIT_REASONS,
+    NORMAL_EXITS,
+    ForkBranch,
+    Sample,
+    Trajectory,
+    Turn,
+    TurnSpan,
+    collate,
+)
 from arl.rollout.scheduler import VAL_BASE_SEED, GroupScheduler, RolloutBatch
 from arl.rollout.step import StepEnvManager
 from arl.rollout.traj import TrajEnvManager
