@@ -218,16 +218,17 @@ def _gigpo(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str,
     the anchors of the forked states (``gigpo_fork_*`` stats besides). Trajectory samples that list
     their turns (``turns``, `arl.rollout.records.TurnSpan`) go to `_gigpo_per_turn`: one step row per
     turn, one advantage per token."""
-    extra = {k: getattr(settings, k) for k in ("episode_stats", "singleton") if hasattr(settings, k)}
+    # the settings every GiGPO call takes (the ablation knobs only where the settings have them)
+    shared = dict(gamma=settings.gamma, step_weight=settings.step_weight, norm=settings.gigpo_norm,
+                  invalid_penalty=getattr(settings, "invalid_penalty", 0.0),
+                  **{k: getattr(settings, k) for k in ("episode_stats", "singleton") if hasattr(settings, k)})
     if any(getattr(s, "turns", ()) for s in samples):
-        return _gigpo_per_turn(samples, settings, extra)
+        return _gigpo_per_turn(samples, shared)
     columns = (
         [s.episode_score for s in samples], [s.step_score for s in samples], [s.group_id for s in samples],
         [s.traj_id for s in samples], [s.step for s in samples], _state_keys(samples),
     )
-    options = dict(gamma=settings.gamma, step_weight=settings.step_weight, norm=settings.gigpo_norm,
-                   invalid_penalty=getattr(settings, "invalid_penalty", 0.0),
-                   action_valid=[s.action_valid for s in samples], **extra)
+    options = dict(shared, action_valid=[s.action_valid for s in samples])
     fork_ids = [getattr(s, "fork_id", None) for s in samples]
     if any(f is not None for f in fork_ids):
         adv, stats = gigpo_forked(*columns, fork_ids, [getattr(s, "fork_rewards", ()) for s in samples],
@@ -237,7 +238,7 @@ def _gigpo(samples: Sequence[Any], settings: Any) -> tuple[np.ndarray, dict[str,
     return adv, {f"gigpo_{k}": float(v) for k, v in stats.items()}
 
 
-def _gigpo_per_turn(samples: Sequence[Any], settings: Any, extra: dict[str, Any]) -> tuple[np.ndarray, dict[str, float]]:
+def _gigpo_per_turn(samples: Sequence[Any], shared: dict[str, Any]) -> tuple[np.ndarray, dict[str, float]]:
     """GiGPO on trajectory samples: every turn of every sample is one step row (its reward, its
     state key, its validity, step t of its trajectory), `arl.algo.gigpo` gives each row its
     advantage A(i, t), and A(i, t) goes on turn t's reply tokens (``input_ids[start:end]``, where
@@ -267,9 +268,7 @@ def _gigpo_per_turn(samples: Sequence[Any], settings: Any, extra: dict[str, Any]
     adv, stats = gigpo(
         [samples[i].episode_score for i, _, _ in rows], [span.reward for _, _, span in rows],
         [samples[i].group_id for i, _, _ in rows], [samples[i].traj_id for i, _, _ in rows],
-        [t for _, t, _ in rows], keys, gamma=settings.gamma, step_weight=settings.step_weight,
-        norm=settings.gigpo_norm, invalid_penalty=getattr(settings, "invalid_penalty", 0.0),
-        action_valid=[span.action_valid for _, _, span in rows], **extra)
+        [t for _, t, _ in rows], keys, action_valid=[span.action_valid for _, _, span in rows], **shared)
     out = np.zeros((len(samples), max(len(s.input_ids) for s in samples)))
     for (i, _, span), a in zip(rows, adv, strict=True):
         mask = np.asarray(samples[i].response_mask[span.start:span.end], dtype=np.float64)
