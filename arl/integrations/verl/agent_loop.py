@@ -1,18 +1,26 @@
 """ArlAgentLoop: one arl episode as one verl agent-loop trajectory.
 
 verl (0.9.x, `verl/experimental/agent_loop`) instantiates an agent loop per dataset row and
-awaits ``run(sampling_params, **row) -> AgentLoopOutput``. This loop plays the row's episode with
-arl's own env managers (nothing copied): ``mode: traj`` is TrajEnvManager (token-exact multi-turn
-prompts), ``mode: proxy`` is ProxyEnvManager running any `AgentRunner` through the MessageTracker
-(its OpenAI-compatible client is served by the episode's ChatHandler). Both talk to verl's
-``server_manager`` through `ServerEngine`, under one request id per episode (sticky routing, the
-server's prefix cache reused across turns).
+awaits ``run(sampling_params, **row) -> AgentLoopOutput | list[AgentLoopOutput]``. This loop plays
+the row's episode with arl's own env managers (nothing copied): ``mode: traj`` is TrajEnvManager
+(token-exact multi-turn prompts), ``mode: step`` is StepEnvManager (a fresh prompt per turn: the
+board and, with ``history_len``, the last few moves), ``mode: proxy`` is ProxyEnvManager running any
+`AgentRunner` through the MessageTracker (its OpenAI-compatible client is served by the episode's
+ChatHandler). All talk to verl's ``server_manager`` through `ServerEngine`, under one request id
+per episode (sticky routing, the server's prefix cache reused across turns).
 
-The output is verl's own `AgentLoopOutput`: ``prompt_ids`` = the first turn's prompt,
+Step mode returns one output per turn (`step_outputs`), as verl-agent builds GiGPO's step rows:
+verl's v1 worker stores a list as rows ``{uid}_{session}_{index}`` (`verl.trainer.ppo.v1.
+agent_loop_tq`), and its metrics read the last row of each session. Each row's ``extra_fields``
+hold its one turn, and ``arl_turn_steps`` its index in the episode, so GiGPO discounts across the
+episode's rows. The legacy (non-TransferQueue) worker takes one output per row: step mode needs
+``trainer.use_v1=true``.
+
+In traj and proxy mode the output is verl's own `AgentLoopOutput`: ``prompt_ids`` = the first turn's prompt,
 ``response_ids`` = everything after it (generated tokens, masked end-of-turn and bridge tokens),
 ``response_mask`` 1 exactly on generated tokens, ``response_logprobs`` the engine's log-probs
 there (0 elsewhere), ``reward_score`` the episode score, and in ``extra_fields`` what GiGPO needs
-per turn (`TURN_FIELDS`): each turn's token span in response coordinates, its state key (the
+per turn (`TURN_FIELDS`, and ``arl_turn_steps``): each turn's token span in response coordinates, its state key (the
 hash of the game's ``state_key()``, as arl's step manager takes it; ``arl_state_key_sources``
 names any fallback), step reward, action validity, plus the episode's success, status and exit
 reason. verl copies ``extra_fields`` into the batch (legacy trainer: one ``non_tensor_batch``
@@ -79,6 +87,9 @@ logger = logging.getLogger(__name__)
 # that `arl.integrations.verl.gigpo` needs; beside them, ``arl_state_key_sources`` says per turn
 # where its state key came from ("game": the game's state_key(); else a text-hash fallback)
 TURN_FIELDS = ("arl_turn_spans", "arl_state_keys", "arl_step_rewards", "arl_action_valid")
+# ... and each turn's index in its episode (GiGPO's step t): the row's own turns 0..n-1 in traj and
+# proxy mode, the one turn a step row holds in step mode. A row without it counts from 0.
+TURN_STEPS = "arl_turn_steps"
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
 
@@ -88,6 +99,7 @@ def rollout_config(data: Mapping[str, Any] | None) -> RolloutConfig:
 
     Differences from arl's own trainer, for verl: per-request seeds default to off, and proxy
     mode keeps one branch per episode (verl takes one trajectory row per loop) in traj tracking.
+    Step mode is arl's StepEnvManager, one verl row per turn (module docstring).
     """
     if data is not None and hasattr(data, "_metadata"):  # an OmegaConf DictConfig from hydra
         from omegaconf import OmegaConf
@@ -98,8 +110,9 @@ def rollout_config(data: Mapping[str, Any] | None) -> RolloutConfig:
     manager.setdefault("sampling_seed", None)
     proxy = {"granularity": "traj", "keep_branches": "longest", **dict(data.pop("proxy", None) or {})}
     config = _converter.structure({**data, "manager": manager, "proxy": proxy}, RolloutConfig)
-    if config.mode == "step":
-        raise ValueError("ArlAgentLoop plays whole episodes: rollout.mode must be traj or proxy")
+    if config.mode == "step" and config.manager.fork.k:
+        # a forked action is a row of no episode's turns, and its group is no verl uid
+        raise ValueError("ArlAgentLoop's step mode plays each episode's own turns: rollout.manager.fork is not supported")
     if config.mode == "proxy" and (config.proxy.granularity, config.proxy.keep_branches) != ("traj", "longest"):
         raise ValueError("ArlAgentLoop returns one trajectory row: proxy.granularity=traj, keep_branches=longest")
     return config
@@ -139,7 +152,7 @@ class ArlAgentLoop(AgentLoopBase):
         self.response_length = int(self.rollout_config.response_length)
         self.max_model_len = int(self.rollout_config.prompt_length) + self.response_length
 
-    async def run(self, sampling_params: dict[str, Any], **row: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: dict[str, Any], **row: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         spec = episode_spec(row)
         top_k = int(sampling_params.get("top_k", -1) or -1)
         manager_config = attrs.evolve(
@@ -165,9 +178,10 @@ class ArlAgentLoop(AgentLoopBase):
             current = max(int(row.get("global_steps", 1)) - 1, 0)
             versions = (current, current)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        return episode_output(episode, response_length=self.response_length, fallback_prompt=fallback,
-                              global_steps=versions, mask_abnormal=self.arl_rollout.mask_abnormal,
-                              filler_token=int(pad or 0))
+        to_output = step_outputs if self.arl_rollout.mode == "step" else episode_output
+        return to_output(episode, response_length=self.response_length, fallback_prompt=fallback,
+                         global_steps=versions, mask_abnormal=self.arl_rollout.mask_abnormal,
+                         filler_token=int(pad or 0))
 
 
 def episode_output(
@@ -186,23 +200,11 @@ def episode_output(
     tokens and turns but gets an all-zero ``response_mask`` (``arl_masked``).
     """
     traj = episode.trajectory
-    # verl's timing metrics: model calls, and env steps in the slot verl calls tool time
-    metrics = AgentLoopMetrics(generate_sequences=traj.timings.get("generate", 0.0),
-                               tool_calls=traj.timings.get("env", 0.0))
+    metrics = _loop_metrics(episode)
     masked = bool(mask_abnormal and not traj.ok)
-    fields: dict[str, Any] = {
-        "arl_success": bool(traj.success), "arl_episode_score": float(traj.episode_score),
-        "arl_status": traj.status, "arl_exit_reason": traj.exit_reason, "arl_error": traj.error,
-        "arl_env_id": traj.env_id, "arl_seed": int(traj.seed), "arl_cut_tokens": 0, "arl_masked": masked,
-        "min_global_steps": int(global_steps[0]), "max_global_steps": int(global_steps[1]),
-        "tool_rewards": [],  # verl's stable schema keys
-    }
+    fields = _episode_fields(episode, global_steps, masked)
     if not episode.samples:
-        fields.update({key: [] for key in TURN_FIELDS}, arl_state_key_sources=[], turn_scores=[])
-        prompt = fallback_prompt or []
-        return AgentLoopOutput(prompt_ids=prompt, response_ids=[filler_token], response_mask=[0], response_logprobs=[0.0],
-                               reward_score=float(traj.episode_score), num_turns=0,
-                               metrics=metrics, extra_fields=fields)
+        return _no_sample_output(episode, fields, metrics, fallback_prompt, filler_token)
     if len(episode.samples) != 1:
         raise ValueError(f"a trajectory-mode episode has one sample, got {len(episode.samples)}")
     sample = episode.samples[0]
@@ -214,7 +216,7 @@ def episode_output(
     if any(sample.response_mask[:prompt_len]):
         raise AssertionError("the first prompt of an episode holds no generated token")
 
-    spans, keys, sources, rewards, valid = [], [], [], [], []
+    spans, steps, keys, sources, rewards, valid = [], [], [], [], [], []
     for t, turn in enumerate(turns):
         if list(sample.input_ids[: len(turn.prompt_ids)]) != list(turn.prompt_ids):
             raise AssertionError("a turn's prompt is not a prefix of the episode's tokens")
@@ -223,6 +225,7 @@ def episode_output(
         if start >= response_length:
             break  # cut off (see the docstring)
         spans.append([start, end])
+        steps.append(t)
         key, source = turn_state_key(turn, f"{traj.traj_id}/{t}")
         keys.append(key)
         sources.append(source)
@@ -232,8 +235,8 @@ def episode_output(
     if fields["arl_cut_tokens"]:
         logger.warning("episode %s: response of %d tokens cut to rollout.response_length=%d",
                        traj.traj_id, len(response), response_length)
-    fields.update(arl_turn_spans=spans, arl_state_keys=keys, arl_step_rewards=rewards, arl_action_valid=valid,
-                  arl_state_key_sources=sources, turn_scores=rewards)
+    fields.update(arl_turn_spans=spans, arl_turn_steps=steps, arl_state_keys=keys, arl_step_rewards=rewards,
+                  arl_action_valid=valid, arl_state_key_sources=sources, turn_scores=rewards)
     return AgentLoopOutput(
         prompt_ids=list(sample.input_ids[:prompt_len]),
         response_ids=response[:response_length],
@@ -244,6 +247,80 @@ def episode_output(
         metrics=metrics,
         extra_fields=fields,
     )
+
+
+def step_outputs(
+    episode: Episode, *, response_length: int, fallback_prompt: list[int] | None = None,
+    global_steps: tuple[int, int] = (0, 0), mask_abnormal: bool = True, filler_token: int = 0,
+) -> list[AgentLoopOutput]:
+    """verl's AgentLoopOutputs of an arl step-mode episode: one row per turn, in order.
+
+    Row t: ``prompt_ids`` = turn t's own prompt, ``response_ids`` its reply (cut at
+    ``response_length``), ``response_mask`` / ``response_logprobs`` the step sample's, and one
+    turn in ``extra_fields``: span [0, reply length), ``arl_turn_steps`` [t], its state key, step
+    reward and validity. Every row carries the episode's fields (score, success, status) and
+    reward. An episode with no sample gives one filler row, as `episode_output` does.
+    """
+    traj = episode.trajectory
+    masked = bool(mask_abnormal and not traj.ok)
+    if not episode.samples:
+        fields = _episode_fields(episode, global_steps, masked)
+        return [_no_sample_output(episode, fields, _loop_metrics(episode), fallback_prompt, filler_token)]
+    outputs = []
+    for sample in episode.samples:
+        turn = traj.turns[sample.step]
+        prompt_len = len(turn.prompt_ids)
+        if list(sample.input_ids[:prompt_len]) != list(turn.prompt_ids) or any(sample.response_mask[:prompt_len]):
+            raise AssertionError(f"step sample {sample.step} does not begin with its turn's prompt")
+        response = list(sample.input_ids[prompt_len:])
+        mask = [0] * len(response) if masked else list(sample.response_mask[prompt_len:])
+        fields = _episode_fields(episode, global_steps, masked)
+        key, source = turn_state_key(turn, f"{traj.traj_id}/{sample.step}")
+        fields.update(arl_turn_spans=[[0, min(len(response), response_length)]], arl_turn_steps=[sample.step],
+                      arl_state_keys=[key], arl_step_rewards=[float(turn.reward)],
+                      arl_action_valid=[bool(turn.action_valid)], arl_state_key_sources=[source],
+                      turn_scores=[float(turn.reward)], arl_cut_tokens=max(0, len(response) - response_length),
+                      # verl's v1 worker copies the last row's reward_extra_info to the others when the loop
+                      # scored the episode itself (its reward workers write it otherwise): it must exist
+                      reward_extra_info={})
+        outputs.append(AgentLoopOutput(
+            prompt_ids=list(turn.prompt_ids),
+            response_ids=response[:response_length],
+            response_mask=mask[:response_length],
+            response_logprobs=[float(x) for x in sample.old_logprobs[prompt_len:]][:response_length],
+            reward_score=float(traj.episode_score),
+            num_turns=2,  # its user and assistant message
+            metrics=_loop_metrics(episode),  # the episode's timings, on each of its rows
+            extra_fields=fields,
+        ))
+    return outputs
+
+
+def _loop_metrics(episode: Episode) -> AgentLoopMetrics:
+    """verl's timing metrics of an episode: model calls, and env steps in the slot verl calls tool time."""
+    timings = episode.trajectory.timings
+    return AgentLoopMetrics(generate_sequences=timings.get("generate", 0.0), tool_calls=timings.get("env", 0.0))
+
+
+def _episode_fields(episode: Episode, global_steps: tuple[int, int], masked: bool) -> dict[str, Any]:
+    """The ``extra_fields`` every row of an episode carries (its turns' fields come on top)."""
+    traj = episode.trajectory
+    return {
+        "arl_success": bool(traj.success), "arl_episode_score": float(traj.episode_score),
+        "arl_status": traj.status, "arl_exit_reason": traj.exit_reason, "arl_error": traj.error,
+        "arl_env_id": traj.env_id, "arl_seed": int(traj.seed), "arl_cut_tokens": 0, "arl_masked": masked,
+        "min_global_steps": int(global_steps[0]), "max_global_steps": int(global_steps[1]),
+        "tool_rewards": [],  # verl's stable schema keys
+    }
+
+
+def _no_sample_output(episode: Episode, fields: dict[str, Any], metrics: AgentLoopMetrics,
+                      fallback_prompt: list[int] | None, filler_token: int) -> AgentLoopOutput:
+    """The row of an episode that failed before its first model call (`episode_output`'s docstring)."""
+    fields.update({key: [] for key in (*TURN_FIELDS, TURN_STEPS)}, arl_state_key_sources=[], turn_scores=[])
+    return AgentLoopOutput(prompt_ids=fallback_prompt or [], response_ids=[filler_token], response_mask=[0],
+                           response_logprobs=[0.0], reward_score=float(episode.trajectory.episode_score),
+                           num_turns=0, metrics=metrics, extra_fields=fields)
 
 
 def turn_state_key(turn: Turn, turn_id: str) -> tuple[str, str]:

@@ -1,11 +1,12 @@
 """arl's advantages on verl batches: GiGPO per turn span, GRPO with arl's conventions.
 
-GiGPO on trajectory rows. Each verl row is one episode (`ArlAgentLoop`); its ``extra_fields``
-list the turns: token span, state key, step reward, action validity. `token_advantages` flattens
-the batch into one step-row per turn, calls `arl.algo.gigpo` (nothing re-derived here), and writes
-each turn's advantage onto that turn's generated tokens (its span times the response mask); bridge,
-end-of-turn and padding tokens get 0. The group is verl's prompt ``uid`` (the n sessions of one
-dataset row played the same seed), the trajectory the row.
+GiGPO on verl rows. A verl row is one episode (`ArlAgentLoop` in traj or proxy mode) or one turn
+of it (step mode); its ``extra_fields`` list the turns it holds: token span, index in the episode,
+state key, step reward, action validity. `token_advantages` flattens the batch into one step-row
+per turn, calls `arl.algo.gigpo` (nothing re-derived here), and writes each turn's advantage onto
+that turn's generated tokens (its span times the response mask); bridge, end-of-turn and padding
+tokens get 0. The group is verl's prompt ``uid`` (the n sessions of one dataset row played the same
+seed), the trajectory the session (``traj_ids``: all the rows of one episode).
 
 How it plugs into verl 0.9.1: a registered estimator is called as ``fn(token_level_rewards,
 response_mask, config, index=uid)``, no ``non_tensor_batch`` (verl passes that to its built-in
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 
 from arl.algo.advantages import gigpo, grpo
-from arl.integrations.verl.agent_loop import TURN_FIELDS
+from arl.integrations.verl.agent_loop import TURN_FIELDS, TURN_STEPS
 
 # verl-agent's GiGPO (module docstring), as keywords of `arl.algo.gigpo`
 GIGPO_DEFAULTS: dict[str, Any] = {
@@ -105,8 +106,10 @@ def token_advantages(
 
     Row i's turn t spans response positions [s, e): A(i, t) from `arl.algo.gigpo` over every
     turn of the batch is written to positions s..e-1 where response_mask is 1. ``traj_ids``
-    (default: the row index) name the trajectories; ``gigpo_options`` go to `arl.algo.gigpo`
-    (gamma, step_weight, norm, invalid_penalty, episode_stats, singleton, ...).
+    (default: the row index) name the trajectories: the rows of one step-mode episode share
+    one, and each turn's step index is its ``arl_turn_steps`` entry (default: its place in the
+    row). ``gigpo_options`` go to `arl.algo.gigpo` (gamma, step_weight, norm, invalid_penalty,
+    episode_stats, singleton, ...).
     """
     n = response_mask.shape[0]
     if not len(fields) == len(group_ids) == n:
@@ -116,6 +119,7 @@ def token_advantages(
     rows, spans, scores, rewards, groups, trajs, steps, states, valid = ([] for _ in range(9))
     for i, f in enumerate(fields):
         turn_spans = list(f["arl_turn_spans"])
+        turn_steps = list(f.get(TURN_STEPS, range(len(turn_spans))))
         for t, span in enumerate(turn_spans):
             rows.append(i)
             spans.append((int(span[0]), int(span[1])))
@@ -123,7 +127,7 @@ def token_advantages(
             rewards.append(float(f["arl_step_rewards"][t]))
             groups.append(_key(group_ids[i]))
             trajs.append(_key(traj_ids[i]))
-            steps.append(t)
+            steps.append(int(turn_steps[t]))
             states.append(str(f["arl_state_keys"][t]))
             valid.append(bool(f["arl_action_valid"][t]))
 

@@ -34,6 +34,7 @@ from omegaconf import open_dict
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
+from arl.integrations.verl.agent_loop import TURN_FIELDS, TURN_STEPS
 from arl.integrations.verl.gigpo import (
     gigpo_options,
     pending_advantages,
@@ -42,6 +43,9 @@ from arl.integrations.verl.gigpo import (
 )
 
 TRAINER_MODE = "arl_sync"
+
+# the extra fields GiGPO reads for a row that holds no turn (verl's batch padding)
+NO_TURNS = {"arl_episode_score": 0.0, **{key: [] for key in (*TURN_FIELDS, TURN_STEPS)}}
 
 
 class ArlPPOTrainerSync(PPOTrainerSync):
@@ -66,6 +70,9 @@ class ArlPPOTrainerSync(PPOTrainerSync):
         padded = data.to_padded_tensor()
         uids = padded.pop("uid").tolist()
         fields = padded.pop("extra_fields").tolist()
+        # verl pads the batch to a multiple of its mini-batch with no-op rows that copy the first row's
+        # extra_fields (`verl.trainer.ppo.padding_utils`): they hold no turn of any episode
+        fields = [NO_TURNS if tag.get("is_padding") else f for f, tag in zip(fields, batch.tags, strict=True)]
         # batch keys are "{uid}_{session_id}_{output_index}": a trajectory is one (uid, session)
         trajs = [key.rsplit("_", 1)[0] for key in batch.keys]
         adv, stats = token_advantages(padded["response_mask"], fields, uids, trajs,

@@ -59,6 +59,28 @@ else:
             "data": {"tool_config_path": None, "apply_chat_template_kwargs": {}},
         })
 
+    class FailingAfter:
+        """An engine whose requests fail from the ``n``-th on (an engine error mid-episode)."""
+
+        def __init__(self, engine, n: int):
+            self.engine, self.n, self.tokenizer = engine, n, engine.tokenizer
+
+        async def generate(self, prompt_ids, params):
+            from arl.engine.base import EngineError
+
+            self.n -= 1
+            if self.n < 0:
+                raise EngineError("scripted failure")
+            return await self.engine.generate(prompt_ids, params)
+
+        async def close(self):
+            return None
+
+    @pytest.fixture
+    def failing_after():
+        """``failing_after(engine, n)``: `FailingAfter`."""
+        return FailingAfter
+
     @pytest.fixture
     def make_verl_config():
         return verl_config

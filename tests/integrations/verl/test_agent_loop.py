@@ -228,10 +228,64 @@ async def test_long_response_is_cut_to_response_length(make_loop, make_verl_conf
     assert all(0 <= s < e <= 40 for s, e in out.extra_fields["arl_turn_spans"])
 
 
-def test_rollout_config_refuses_step_mode():
+STEP = {"mode": "step", "manager": {"max_tokens": 8, "max_turns": 6, "history_len": 0, "prompt_style": "compact"}}
+
+
+@pytest.mark.parametrize("env_id", ["arl/FrozenLake-v0", "arl/Sokoban-v0"])
+async def test_step_mode_gives_one_row_per_turn_as_arls_step_manager(make_loop, tiny_tokenizer, env_id):
+    """Step mode: row t is the step manager's own sample t (its prompt, reply, mask and log-probs),
+    with that one turn in extra_fields, indexed by its place in the episode."""
+    from arl.config import ManagerConfig
+    from arl.rollout.base import EpisodeSpec
+    from arl.rollout.step import StepEnvManager
+
+    for seed in (0, 3):
+        loop, server = make_loop(ScriptedEngine(tiny_tokenizer, invalid_rate=0.3, seed=8), STEP)
+        outs = await loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}, **row(seed, env_id))
+        manager = StepEnvManager(ScriptedEngine(tiny_tokenizer, invalid_rate=0.3, seed=8),
+                                 ManagerConfig(**STEP["manager"], sampling_seed=None))
+        episode = await manager.run_episode(EpisodeSpec(env_id=env_id, seed=seed, group_id="u0", episode_id=0))
+        samples = episode.samples
+        assert isinstance(outs, list) and len(outs) == len(samples) == len(server.calls) > 1
+        assert len({c["request_id"] for c in server.calls}) == 1
+        for t, (out, sample, call) in enumerate(zip(outs, samples, server.calls, strict=True)):
+            assert out.prompt_ids == call["prompt_ids"]
+            assert out.prompt_ids + out.response_ids == sample.input_ids
+            assert [0] * len(out.prompt_ids) + out.response_mask == sample.response_mask
+            assert [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m] == call["token_ids"]
+            assert [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m] == \
+                pytest.approx(call["log_probs"])
+            f = out.extra_fields
+            assert f["arl_turn_spans"] == [[0, len(out.response_ids)]] and f["arl_turn_steps"] == [t]
+            assert f["arl_state_keys"] == [sample.state_key] and f["arl_state_key_sources"] == ["game"]
+            assert f["arl_step_rewards"] == [pytest.approx(sample.step_score)]
+            assert f["arl_action_valid"] == [sample.action_valid]
+            assert out.reward_score == pytest.approx(episode.trajectory.episode_score) == f["arl_episode_score"]
+            assert out.num_turns == 2
+        # a fresh prompt per turn: no row's prompt holds an earlier row's reply
+        assert all(len(outs[t].prompt_ids) < len(outs[0].prompt_ids) + 40 for t in range(len(outs)))
+
+
+async def test_step_mode_without_a_model_call_gives_one_filler_row(make_loop, tiny_tokenizer):
+    loop, _ = make_loop(ScriptedEngine(tiny_tokenizer, fail_rate=1.0), STEP)
+    outs = await loop.run({"temperature": 1.0}, **row(0))
+    assert len(outs) == 1 and outs[0].response_mask == [0] and outs[0].extra_fields["arl_turn_spans"] == []
+    assert outs[0].extra_fields["arl_turn_steps"] == [] and outs[0].extra_fields["arl_exit_reason"] == "engine_error"
+
+
+async def test_step_mode_abnormal_episode_is_masked_out(make_loop, tiny_tokenizer, failing_after):
+    """An engine error on the third call: the two played turns keep their rows, with no loss."""
+    loop, _ = make_loop(failing_after(ScriptedEngine(tiny_tokenizer, invalid_rate=1.0, seed=1), 2), STEP)
+    outs = await loop.run({"temperature": 1.0}, **row(0))
+    assert [o.extra_fields["arl_turn_steps"] for o in outs] == [[0], [1]]
+    assert all(o.extra_fields["arl_masked"] and sum(o.response_mask) == 0 and o.response_ids for o in outs)
+
+
+def test_rollout_config_modes():
     from arl.integrations.verl.agent_loop import rollout_config
 
-    with pytest.raises(ValueError, match="traj or proxy"):
-        rollout_config({"mode": "step"})
+    assert rollout_config({"mode": "step"}).mode == "step"
+    with pytest.raises(ValueError, match="fork"):
+        rollout_config({"mode": "step", "manager": {"fork": {"k": 2}}})
     assert rollout_config(None).manager.sampling_seed is None
     assert rollout_config({"manager": {"sampling_seed": 7}}).manager.sampling_seed == 7

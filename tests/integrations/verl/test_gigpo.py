@@ -79,6 +79,49 @@ async def test_token_advantages_equal_arl_gigpo(make_loop, verl_worker, tiny_tok
     assert adv.abs().sum() > 0  # the batch carries signal (invalid replies and different outcomes)
 
 
+STEP = {"mode": "step", "manager": {"max_tokens": 8, "max_turns": 6, "history_len": 0, "prompt_style": "compact"}}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("options", [{"gamma": 0.5, "step_weight": 10.0, "norm": "mean_norm", "invalid_penalty": 0.0,
+                                      "episode_stats": "episodes", "singleton": "zero"},
+                                     {"gamma": 0.95, "step_weight": 1.0, "norm": "mean_norm", "invalid_penalty": 0.1,
+                                      "episode_stats": "steps", "singleton": "raw"}])
+async def test_step_rows_equal_arls_trainer_on_step_samples(make_loop, tiny_tokenizer, options):
+    """Step mode's verl rows (one per turn, a trajectory per session) get, token for token, the
+    advantage arl's own trainer gives the same episodes' step samples (`arl.algo.estimators`, the
+    demo's settings and verl-agent's): the discount runs across an episode's rows."""
+    import types
+
+    from arl.algo.estimators import estimate
+    from arl.rollout.step import StepEnvManager
+
+    rows, uids, trajs, samples = [], [], [], []
+    for uid, seed in GROUPS.items():
+        for session in range(3):
+            r = {"extra_info": {"env_id": "arl/FrozenLake-v0", "seed": seed}, "uid": uid, "session_id": session,
+                 "raw_prompt": [{"role": "user", "content": "play"}]}
+            loop, _ = make_loop(ScriptedEngine(tiny_tokenizer, invalid_rate=0.3, seed=20 + session), STEP)
+            outs = await loop.run({"temperature": 1.0}, **r)
+            rows += outs
+            uids += [uid] * len(outs)
+            trajs += [f"{uid}_{session}"] * len(outs)
+            manager = StepEnvManager(ScriptedEngine(tiny_tokenizer, invalid_rate=0.3, seed=20 + session),
+                                     ManagerConfig(**STEP["manager"], sampling_seed=None))
+            episode = await manager.run_episode(EpisodeSpec(env_id="arl/FrozenLake-v0", seed=seed, group_id=uid,
+                                                            episode_id=session))
+            samples += episode.samples
+    assert len(rows) == len(samples) > 2 * len(GROUPS) * 3
+    width = max(len(o.response_ids) for o in rows)
+    mask = torch.tensor([o.response_mask + [0] * (width - len(o.response_mask)) for o in rows])
+    adv, _ = token_advantages(mask, [o.extra_fields for o in rows], uids, trajs, **options)
+
+    settings = types.SimpleNamespace(gigpo_norm=options["norm"], **{k: v for k, v in options.items() if k != "norm"})
+    want, _ = estimate("gigpo", samples, settings)
+    assert np.abs(want).sum() > 0 and len({round(float(a), 6) for a in want}) > 2
+    torch.testing.assert_close(adv, torch.tensor(want, dtype=torch.float32)[:, None] * mask.float())
+
+
 def test_row_fields_reads_both_layouts():
     one = {"arl_turn_spans": [[0, 2]], "arl_state_keys": ["s"], "arl_step_rewards": [1.0],
            "arl_action_valid": [True], "arl_episode_score": 1.0}

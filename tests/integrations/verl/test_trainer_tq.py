@@ -49,32 +49,14 @@ def tq_worker(verl_worker):
     return verl_worker
 
 
-class FailingAfter:
-    """An engine whose requests fail from the ``n``-th on (an engine error mid-episode)."""
-
-    def __init__(self, engine, n: int):
-        self.engine, self.n, self.tokenizer = engine, n, engine.tokenizer
-
-    async def generate(self, prompt_ids, params):
-        from arl.engine.base import EngineError
-
-        self.n -= 1
-        if self.n < 0:
-            raise EngineError("scripted failure")
-        return await self.engine.generate(prompt_ids, params)
-
-    async def close(self):
-        return None
-
-
-async def _play(make_loop, tq_worker, tiny_tokenizer, partition: str, global_steps: int):
+async def _play(make_loop, tq_worker, tiny_tokenizer, partition: str, global_steps: int, failing_after):
     """Two groups x three sessions into TransferQueue; session 2 of g1 dies on its second call,
     session 1 of g1 before its first. Returns {key: AgentLoopOutput}."""
     engine = ScriptedEngine(tiny_tokenizer, invalid_rate=0.3, seed=11)
     outputs = {}
     for uid, seed in GROUPS.items():
         for session in range(SESSIONS):
-            e = FailingAfter(engine, {("g1", 1): 0, ("g1", 2): 1}.get((uid, session), 10**6))
+            e = failing_after(engine, {("g1", 1): 0, ("g1", 2): 1}.get((uid, session), 10**6))
             loop, _ = make_loop(e, ROLLOUT)
             row = {"extra_info": {"env_id": "arl/FrozenLake-v0", "seed": seed, "tag": "train", "index": 0},
                    "uid": f"{partition}{uid}", "session_id": session, "global_steps": global_steps,
@@ -116,8 +98,9 @@ def _put_old_log_probs(tq, batch):
                     fields=TensorDict({"old_log_probs": response_to_nested(old, mask)}, batch_size=len(batch)))
 
 
-async def test_outputs_carry_weight_versions_into_transfer_queue(make_loop, tq_worker, tiny_tokenizer, transfer_queue):
-    outputs = await _play(make_loop, tq_worker, tiny_tokenizer, "v", global_steps=1)
+async def test_outputs_carry_weight_versions_into_transfer_queue(make_loop, tq_worker, tiny_tokenizer, transfer_queue,
+                                                                 failing_after):
+    outputs = await _play(make_loop, tq_worker, tiny_tokenizer, "v", global_steps=1, failing_after=failing_after)
     batch = _batch(transfer_queue, outputs)
     for key, tag in zip(batch.keys, batch.tags, strict=True):
         # the fake server answers with global_steps 0; a row without a call reports the row's version
@@ -128,13 +111,13 @@ async def test_outputs_carry_weight_versions_into_transfer_queue(make_loop, tq_w
 
 
 async def test_advantage_and_metrics_steps_run_on_loop_outputs(make_loop, tq_worker, tiny_tokenizer,
-                                                               transfer_queue, example_config):
+                                                               transfer_queue, example_config, failing_after):
     """arl_gigpo through the arl_sync trainer: the advantages are `token_advantages` with the
     verl-agent defaults, abnormal rows get none, verl's rollout correction runs (token IS weights),
     and verl's `_compute_metrics` accepts the batch."""
     from arl.integrations.verl.gigpo import GIGPO_DEFAULTS, token_advantages
 
-    outputs = await _play(make_loop, tq_worker, tiny_tokenizer, "a", global_steps=1)
+    outputs = await _play(make_loop, tq_worker, tiny_tokenizer, "a", global_steps=1, failing_after=failing_after)
     batch = _batch(transfer_queue, outputs)
     _put_old_log_probs(transfer_queue, batch)
     trainer = _trainer(example_config, "algorithm.rollout_correction.rollout_is=token")
@@ -168,9 +151,10 @@ async def test_advantage_and_metrics_steps_run_on_loop_outputs(make_loop, tq_wor
     assert np.isfinite(metrics["critic/advantages/mean"])
 
 
-async def test_arl_grpo_rows_masked_too(make_loop, tq_worker, tiny_tokenizer, transfer_queue, example_config):
+async def test_arl_grpo_rows_masked_too(make_loop, tq_worker, tiny_tokenizer, transfer_queue, example_config,
+                                       failing_after):
     """The masking lives in the rows, so verl's own estimators leave abnormal episodes out as well."""
-    outputs = await _play(make_loop, tq_worker, tiny_tokenizer, "r", global_steps=1)
+    outputs = await _play(make_loop, tq_worker, tiny_tokenizer, "r", global_steps=1, failing_after=failing_after)
     batch = _batch(transfer_queue, outputs)
     _put_old_log_probs(transfer_queue, batch)
     trainer = _trainer(example_config, "algorithm.adv_estimator=grpo")
@@ -180,3 +164,48 @@ async def test_arl_grpo_rows_masked_too(make_loop, tq_worker, tiny_tokenizer, tr
     for i, key in enumerate(batch.keys):
         if outputs[key].extra_fields["arl_masked"]:
             assert adv[i].abs().sum() == 0
+
+
+STEP = {"mode": "step", "manager": {"max_tokens": 8, "max_turns": 6, "history_len": 0, "prompt_style": "compact"}}
+
+
+async def test_step_rows_and_verls_batch_padding(make_loop, tq_worker, tiny_tokenizer, transfer_queue, example_config):
+    """Step mode's rows (one per turn, keys ``{uid}_{session}_{t}``) through verl's v1 worker, padded
+    by verl to a multiple of its mini-batch: the padding rows (copies of the first row's
+    extra_fields) get no advantage and count in no GiGPO group; the real rows get `token_advantages`
+    of the real rows alone, one trajectory per session."""
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+
+    from arl.integrations.verl.gigpo import GIGPO_DEFAULTS, token_advantages
+
+    engine = ScriptedEngine(tiny_tokenizer, invalid_rate=0.3, seed=12)
+    outputs = {}
+    for uid, seed in GROUPS.items():
+        for session in range(SESSIONS):
+            loop, _ = make_loop(engine, STEP)
+            row = {"extra_info": {"env_id": "arl/FrozenLake-v0", "seed": seed, "tag": "train", "index": 0},
+                   "uid": f"s{uid}", "session_id": session, "global_steps": 1,
+                   "raw_prompt": [{"role": "user", "content": "play"}]}
+            outs = await loop.run({"temperature": 1.0, "logprobs": True}, **row)
+            outputs.update({f"s{uid}_{session}_{t}": out for t, out in enumerate(outs)})
+            await tq_worker.tq_postprocess(outs, validate=False, **row)
+    real = _batch(transfer_queue, outputs)
+    assert len(real) == len(outputs) > len(GROUPS) * SESSIONS  # multi-turn episodes, a row per turn
+    batch = upsample_batch_to_divisible_size(real, len(real) + 5, tiny_tokenizer.eos_token_id)
+    assert len(batch) == len(real) + 5 and sum(bool(t.get("is_padding")) for t in batch.tags) == 5
+    _put_old_log_probs(transfer_queue, batch)
+    metrics: dict = {}
+    _trainer(example_config)._compute_advantage(batch, metrics)
+
+    data = transfer_queue.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["advantages", "response_mask"])
+    adv = data.to_padded_tensor()["advantages"]
+    n = len(real)  # verl appends the padding rows
+    mask = transfer_queue.kv_batch_get(keys=real.keys, partition_id="train",
+                                       select_fields=["response_mask"]).to_padded_tensor()["response_mask"]
+    want, stats = token_advantages(mask, [outputs[k].extra_fields for k in real.keys],
+                                   [k.split("_")[0] for k in real.keys], [k.rsplit("_", 1)[0] for k in real.keys],
+                                   **GIGPO_DEFAULTS)
+    torch.testing.assert_close(adv[:n, : want.shape[1]], want)
+    assert adv.abs().sum() > 0 and adv[n:].abs().sum() == 0
+    assert metrics["arl_gigpo/" + next(iter(stats))] == pytest.approx(stats[next(iter(stats))])
+    assert {k: metrics[f"arl_gigpo/{k}"] for k in stats} == pytest.approx(stats)

@@ -9,7 +9,10 @@
 # SAVE_FREQ (2), MODEL (tiny), WORKERS (logical GPUs = FSDP ranks, 2), DATA_SEED (verl's data.seed: the
 # shuffled order of the rows, 0; verl's default null draws a new order per launch), WARM_START (1: start from
 # arl's format warm-start of MODEL, written once to $OUT/warm_start by arl.integrations.verl.warm_start on the
-# agent loop's own prompts; 0, the default: MODEL as is), more hydra overrides as args.
+# agent loop's own prompts; 0, the default: MODEL as is), AGENT_LOOP (the entry of agent_loops_cpu.yaml:
+# arl_agent, a traj row per episode, the default; arl_agent_step, a row per turn), MINI (verl's
+# ppo_mini_batch_size in dataset rows: each optimizer step takes MINI x GROUP verl rows; default
+# GROUPS_PER_STEP, one optimizer step per training step where a row is an episode), more hydra overrides as args.
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 PYTHON=${PYTHON:-python}
@@ -21,12 +24,14 @@ MODEL=${MODEL:-$("$PYTHON" -c 'from arl.models import resolve_model; print(resol
 GROUPS_PER_STEP=${GROUPS_PER_STEP:-2}   # verl rows per step
 GROUP=${GROUP:-2}                       # rollout.n: episodes per row (the GiGPO group)
 DATA_SEED=${DATA_SEED:-0}
+MINI=${MINI:-$GROUPS_PER_STEP}
 AGENT_LOOPS=arl/integrations/verl/examples/agent_loops_cpu.yaml
+AGENT_LOOP=${AGENT_LOOP:-arl_agent}
 
 mkdir -p "$OUT/data"
 if [ "${WARM_START:-0}" = 1 ]; then
   [ -f "$OUT/warm_start/config.json" ] || "$PYTHON" -m arl.integrations.verl.warm_start --agent-loops "$AGENT_LOOPS" \
-    --env arl/FrozenLake-v0 --model "$MODEL" --out "$OUT/warm_start"
+    --name "$AGENT_LOOP" --env arl/FrozenLake-v0 --model "$MODEL" --out "$OUT/warm_start"
   MODEL="$OUT/warm_start"
 fi
 [ -f "$OUT/data/train.parquet" ] || "$PYTHON" -m arl.integrations.verl.dataset --env arl/FrozenLake-v0 \
@@ -62,8 +67,8 @@ exec "$PYTHON" -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.n="$GROUP" actor_rollout_ref.rollout.calculate_log_probs=true \
   actor_rollout_ref.rollout.temperature=1.0 actor_rollout_ref.rollout.agent.num_workers=1 \
   actor_rollout_ref.rollout.agent.agent_loop_config_path="$AGENT_LOOPS" \
-  actor_rollout_ref.rollout.agent.default_agent_loop=arl_agent \
-  actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.ppo_mini_batch_size="$GROUPS_PER_STEP" \
+  actor_rollout_ref.rollout.agent.default_agent_loop="$AGENT_LOOP" \
+  actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.ppo_mini_batch_size="$MINI" \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
