@@ -12,7 +12,8 @@
 # agent loop's own prompts; 0, the default: MODEL as is), AGENT_LOOP (the entry of agent_loops_cpu.yaml:
 # arl_agent, a traj row per episode, the default; arl_agent_step, a row per turn), MINI (verl's
 # ppo_mini_batch_size in dataset rows: each optimizer step takes MINI x GROUP verl rows; default
-# GROUPS_PER_STEP, one optimizer step per training step where a row is an episode), more hydra overrides as args.
+# GROUPS_PER_STEP, one optimizer step per training step where a row is an episode), MICRO (rows per forward
+# pass on each worker, for the update and the log-prob passes: 2), more hydra overrides as args.
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 PYTHON=${PYTHON:-python}
@@ -25,6 +26,7 @@ GROUPS_PER_STEP=${GROUPS_PER_STEP:-2}   # verl rows per step
 GROUP=${GROUP:-2}                       # rollout.n: episodes per row (the GiGPO group)
 DATA_SEED=${DATA_SEED:-0}
 MINI=${MINI:-$GROUPS_PER_STEP}
+MICRO=${MICRO:-2}
 AGENT_LOOPS=arl/integrations/verl/examples/agent_loops_cpu.yaml
 AGENT_LOOP=${AGENT_LOOP:-arl_agent}
 
@@ -69,9 +71,9 @@ exec "$PYTHON" -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.agent.agent_loop_config_path="$AGENT_LOOPS" \
   actor_rollout_ref.rollout.agent.default_agent_loop="$AGENT_LOOP" \
   actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.ppo_mini_batch_size="$MINI" \
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
-  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2 \
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$MICRO" \
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$MICRO" \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$MICRO" \
   actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.01 \
   actor_rollout_ref.actor.entropy_coeff=0.001 \
   reward.num_workers=1 transfer_queue.backend.SimpleStorage.num_data_storage_units=1 \
