@@ -61,9 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base-seed", type=int, default=0)
     parser.add_argument("--tag", default="train")
     parser.add_argument("--max-tokens", type=int, default=100)
+    parser.add_argument("--agent-name", default="arl_agent",
+                        help="the agent loop entry each row names (verl's agent_name column; it wins over "
+                             "rollout.agent.default_agent_loop)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    rows = episode_rows(args.env, args.groups, base_seed=args.base_seed, tag=args.tag, max_tokens=args.max_tokens)
+    rows = episode_rows(args.env, args.groups, base_seed=args.base_seed, tag=args.tag, max_tokens=args.max_tokens,
+                        agent_name=args.agent_name)
     print(write_parquet(rows, args.out))
 
 

@@ -78,6 +78,8 @@ class ArlPPOTrainerSync(PPOTrainerSync):
         adv, stats = token_advantages(padded["response_mask"], fields, uids, trajs,
                                       **gigpo_options(algorithm.get("arl_gigpo", None)))
         metrics.update({f"arl_gigpo/{k}": v for k, v in stats.items()})
+        metrics.update(episode_metrics([f for f, tag in zip(fields, batch.tags, strict=True) if not tag.get("is_padding")],
+                                       [t for t, tag in zip(trajs, batch.tags, strict=True) if not tag.get("is_padding")]))
         with pending_advantages(adv):
             return super()._compute_advantage(batch, metrics)
 
@@ -106,3 +108,23 @@ def register() -> None:
     if TRAINER_REGISTRY.get(TRAINER_MODE) is not ArlPPOTrainerSync:
         register_trainer(TRAINER_MODE)(ArlPPOTrainerSync)
     register_estimators()
+
+
+def episode_metrics(fields: list[dict[str, Any]], trajs: list[str]) -> dict[str, float]:
+    """The step's episodes, each once however many rows it has: ``arl/episode_score`` (mean score),
+    ``arl/success_rate``, ``arl/episodes``. verl's ``critic/score/mean`` averages over rows: with a
+    row per turn (step mode) an episode counts once per turn, so long (mostly failed) episodes weigh more.
+
+    >>> rows = [{"arl_episode_score": 1.0, "arl_success": True}] * 2 + [{"arl_episode_score": -0.5, "arl_success": False}]
+    >>> episode_metrics(rows, ["u_0", "u_0", "u_1"])
+    {'arl/episode_score': 0.25, 'arl/success_rate': 0.5, 'arl/episodes': 2.0}
+    """
+    episodes: dict[str, dict[str, Any]] = {}
+    for f, traj in zip(fields, trajs, strict=True):
+        episodes.setdefault(traj, f)
+    if not episodes:
+        return {}
+    n = len(episodes)
+    return {"arl/episode_score": sum(float(f["arl_episode_score"]) for f in episodes.values()) / n,
+            "arl/success_rate": sum(bool(f["arl_success"]) for f in episodes.values()) / n,
+            "arl/episodes": float(n)}

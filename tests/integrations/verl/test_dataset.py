@@ -35,3 +35,15 @@ async def test_a_dataset_row_plays_its_episode(make_loop, tiny_tokenizer):
     loop, server = make_loop(ScriptedEngine(tiny_tokenizer, seed=0), {"manager": {"max_tokens": 24}})
     out = await loop.run({"temperature": 1.0}, uid="u", raw_prompt=row["prompt"], **row)
     assert out.prompt_ids == chat_ids(tiny_tokenizer, row["prompt"]) == server.calls[0]["prompt_ids"]
+
+
+def test_cli_rows_name_the_agent_loop(tmp_path):
+    """verl picks a row's loop by its agent_name column before rollout.agent.default_agent_loop."""
+    import pandas as pd
+
+    from arl.integrations.verl.dataset import main
+
+    main(["--env", "arl/FrozenLake-v0", "--groups", "2", "--agent-name", "arl_agent_step", "--out", str(tmp_path / "a.parquet")])
+    main(["--env", "arl/FrozenLake-v0", "--groups", "2", "--out", str(tmp_path / "b.parquet")])
+    assert list(pd.read_parquet(tmp_path / "a.parquet")["agent_name"]) == ["arl_agent_step"] * 2
+    assert list(pd.read_parquet(tmp_path / "b.parquet")["agent_name"]) == ["arl_agent"] * 2

@@ -186,3 +186,23 @@ def test_cpu_launch_is_the_gpu_launch_with_the_documented_overrides(tmp_path):
     # the two environment variables that make verl a CPU verl (arl.integrations.verl.cpu)
     script = CPU_EXAMPLE.read_text()
     assert "export VERL_USE_EXTERNAL_MODULES=arl.integrations.verl.cpu VERL_PLATFORM=cpu" in script
+
+
+def test_cpu_launch_takes_its_agent_loop_and_batch_from_the_environment(tmp_path):
+    """AGENT_LOOP reaches the rows (verl's agent_name column wins over default_agent_loop, so the
+    datasets must name it), the launch and the warm-start; MINI and MICRO reach verl's batch sizes."""
+    from conftest import CPU_EXAMPLE, example_commands
+
+    calls = example_commands(tmp_path, CPU_EXAMPLE, MODEL="m", PYTHON="python", OUT=str(tmp_path / "out"),
+                             AGENT_LOOP="arl_agent_step", MINI="16", MICRO="32", WARM_START="1")
+    datasets = [c for c in calls if c[:2] == ["-m", "arl.integrations.verl.dataset"]]
+    assert len(datasets) == 2 and all(c[c.index("--agent-name") + 1] == "arl_agent_step" for c in datasets)
+    warm = next(c for c in calls if c[:2] == ["-m", "arl.integrations.verl.warm_start"])
+    assert warm[warm.index("--name") + 1] == "arl_agent_step"
+    main = next(c for c in calls if c[:2] == ["-m", "verl.trainer.main_ppo"])
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=arl_agent_step" in main
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=16" in main
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32" in main
+    entries = {e["name"] for e in __import__("yaml").safe_load(
+        (REPO / "arl/integrations/verl/examples/agent_loops_cpu.yaml").read_text())}
+    assert {"arl_agent", "arl_agent_step"} <= entries

@@ -209,3 +209,8 @@ async def test_step_rows_and_verls_batch_padding(make_loop, tq_worker, tiny_toke
     assert adv.abs().sum() > 0 and adv[n:].abs().sum() == 0
     assert metrics["arl_gigpo/" + next(iter(stats))] == pytest.approx(stats[next(iter(stats))])
     assert {k: metrics[f"arl_gigpo/{k}"] for k in stats} == pytest.approx(stats)
+    # the step's episodes, each once (verl's critic/score/mean counts rows)
+    firsts = [outputs[k] for k in real.keys if k.endswith("_0")]
+    assert metrics["arl/episodes"] == len(GROUPS) * SESSIONS == len(firsts)
+    assert metrics["arl/episode_score"] == pytest.approx(np.mean([o.reward_score for o in firsts]))
+    assert metrics["arl/success_rate"] == np.mean([o.extra_fields["arl_success"] for o in firsts])

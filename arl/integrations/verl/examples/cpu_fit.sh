@@ -9,8 +9,9 @@
 # SAVE_FREQ (2), MODEL (tiny), WORKERS (logical GPUs = FSDP ranks, 2), DATA_SEED (verl's data.seed: the
 # shuffled order of the rows, 0; verl's default null draws a new order per launch), WARM_START (1: start from
 # arl's format warm-start of MODEL, written once to $OUT/warm_start by arl.integrations.verl.warm_start on the
-# agent loop's own prompts; 0, the default: MODEL as is), AGENT_LOOP (the entry of agent_loops_cpu.yaml:
-# arl_agent, a traj row per episode, the default; arl_agent_step, a row per turn), MINI (verl's
+# agent loop's own prompts; 0, the default: MODEL as is), AGENT_LOOP (the entry of agent_loops_cpu.yaml that
+# the dataset's rows name: arl_agent, a traj row per episode, the default; arl_agent_step, a row per turn; an
+# OUT's data is written once, so one OUT per agent loop), MINI (verl's
 # ppo_mini_batch_size in dataset rows: each optimizer step takes MINI x GROUP verl rows; default
 # GROUPS_PER_STEP, one optimizer step per training step where a row is an episode), MICRO (rows per forward
 # pass on each worker, for the update and the log-prob passes: 2), more hydra overrides as args.
@@ -37,9 +38,9 @@ if [ "${WARM_START:-0}" = 1 ]; then
   MODEL="$OUT/warm_start"
 fi
 [ -f "$OUT/data/train.parquet" ] || "$PYTHON" -m arl.integrations.verl.dataset --env arl/FrozenLake-v0 \
-  --groups 64 --max-tokens 24 --out "$OUT/data/train.parquet"
+  --groups 64 --max-tokens 24 --agent-name "$AGENT_LOOP" --out "$OUT/data/train.parquet"
 [ -f "$OUT/data/val.parquet" ] || "$PYTHON" -m arl.integrations.verl.dataset --env arl/FrozenLake-v0 \
-  --groups 2 --base-seed 1000000007 --tag val --max-tokens 24 --out "$OUT/data/val.parquet"
+  --groups 2 --base-seed 1000000007 --tag val --max-tokens 24 --agent-name "$AGENT_LOOP" --out "$OUT/data/val.parquet"
 
 # verl imports arl's CPU platform in every process (verl/__init__.py: VERL_USE_EXTERNAL_MODULES);
 # VERL_PLATFORM=cpu selects it. Ray gets WORKERS logical GPUs (verl's placement groups ask for them).
