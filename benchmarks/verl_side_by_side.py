@@ -7,11 +7,14 @@ commands are in benchmarks/README.md, "verl's loop beside arl's trainer". Then
     .venv/bin/python benchmarks/verl_side_by_side.py --verl-log OUT/verl.log \\
       --arl-run OUT/arl/verl_side_by_side --evals OUT/evals
 
-Per step, both sides: the training episodes' mean score (verl: ``critic/score/mean``; arl:
+Per step, both sides: the training episodes' mean score (verl: ``arl/episode_score``, each episode once,
+or ``critic/score/mean``, a mean over rows, in a log from before arl_sync logged it; arl:
 ``rollout/mean_episode_score``; FrozenLake scores 1 for reaching the goal, less a small penalty per
 invalid answer, so with no invalid answer it is the success rate), the invalid-answer fraction
 (``arl_gigpo/invalid_frac``, ``train/gigpo_invalid_frac``) and seconds per step (verl: ``timing_s/step``;
-arl: ``timing/step_s``), in bins of ``--bin`` steps; per checkpoint (``--evals``), validation success.
+arl: ``timing/step_s``), in bins of ``--bin`` steps; per checkpoint (``--evals``), validation success
+(arl's side: ``arl-<step>`` evaluations, else its own in-training ``eval/success_rate``, the same
+levels and temperature as ``arl eval``).
 Writes benchmarks/results/verl-side-by-side.json and .png and prints the Markdown tables.
 """
 
@@ -29,7 +32,7 @@ from arl.integrations.verl.console import step_metrics
 
 
 def verl_rows(log: Path) -> list[dict[str, float]]:
-    return [{"step": step, "score": m["critic/score/mean"], "invalid_frac": m["arl_gigpo/invalid_frac"],
+    return [{"step": step, "score": m.get("arl/episode_score", m["critic/score/mean"]), "invalid_frac": m["arl_gigpo/invalid_frac"],
              "step_s": m["timing_s/step"]} for step, m in sorted(step_metrics(log.read_text()).items())]
 
 
@@ -37,6 +40,12 @@ def arl_rows(run: Path) -> list[dict[str, float]]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [{"step": r["step"], "score": r["rollout/mean_episode_score"], "invalid_frac": r["train/gigpo_invalid_frac"],
              "step_s": r["timing/step_s"]} for r in rows if "rollout/mean_episode_score" in r]
+
+
+def arl_evals(run: Path) -> dict[int, float]:
+    """arl's in-training validation success per step (``eval/success_rate`` in metrics.jsonl)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {int(r["step"]): float(r["eval/success_rate"]) for r in rows if "eval/success_rate" in r}
 
 
 def checkpoint_evals(evals: Path) -> dict[str, dict[int, float]]:
@@ -78,6 +87,8 @@ def main() -> None:
     args = parser.parse_args()
     verl, arl = verl_rows(args.verl_log), arl_rows(args.arl_run)
     evals = checkpoint_evals(args.evals) if args.evals else {"verl": {}, "arl": {}}
+    if set(evals["arl"]) <= {0}:  # no arl-<step> evaluations: arl's own validations
+        evals["arl"] = {**evals["arl"], **arl_evals(args.arl_run)}
     table = {"verl": binned(verl, args.bin, verl[-1]["step"]), "arl": binned(arl, args.bin, arl[-1]["step"])}
     result = {"verl": verl, "arl": arl, "evals": evals, "bins": table, "machine": machine(), "note": args.note}
     out = RESULTS_DIR / "verl-side-by-side.json"

@@ -12,9 +12,12 @@
 # agent loop's own prompts; 0, the default: MODEL as is), AGENT_LOOP (the entry of agent_loops_cpu.yaml that
 # the dataset's rows name: arl_agent, a traj row per episode, the default; arl_agent_step, a row per turn; an
 # OUT's data is written once, so one OUT per agent loop), MINI (verl's
-# ppo_mini_batch_size in dataset rows: each optimizer step takes MINI x GROUP verl rows; default
-# GROUPS_PER_STEP, one optimizer step per training step where a row is an episode), MICRO (rows per forward
-# pass on each worker, for the update and the log-prob passes: 2), more hydra overrides as args.
+# ppo_mini_batch_size in dataset rows: each optimizer step takes MINI x GROUP verl rows; default and most
+# GROUPS_PER_STEP (verl's validate_config): one optimizer step per training step where a row is an episode,
+# one per MINI x GROUP rows where a row is a turn), MICRO (rows per forward
+# pass on each worker, for the update and the log-prob passes: 2), TRAIN_GROUPS (the training dataset's rows,
+# levels 0..TRAIN_GROUPS-1: 64; with data.shuffle=false and TRAIN_GROUPS = STEPS x GROUPS_PER_STEP, step k
+# plays levels (k-1) x GROUPS_PER_STEP onward, as arl's trainer at seed 0 does), more hydra overrides as args.
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 PYTHON=${PYTHON:-python}
@@ -38,7 +41,7 @@ if [ "${WARM_START:-0}" = 1 ]; then
   MODEL="$OUT/warm_start"
 fi
 [ -f "$OUT/data/train.parquet" ] || "$PYTHON" -m arl.integrations.verl.dataset --env arl/FrozenLake-v0 \
-  --groups 64 --max-tokens 24 --agent-name "$AGENT_LOOP" --out "$OUT/data/train.parquet"
+  --groups "${TRAIN_GROUPS:-64}" --max-tokens 24 --agent-name "$AGENT_LOOP" --out "$OUT/data/train.parquet"
 [ -f "$OUT/data/val.parquet" ] || "$PYTHON" -m arl.integrations.verl.dataset --env arl/FrozenLake-v0 \
   --groups 2 --base-seed 1000000007 --tag val --max-tokens 24 --agent-name "$AGENT_LOOP" --out "$OUT/data/val.parquet"
 
