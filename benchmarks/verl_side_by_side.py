@@ -1,13 +1,14 @@
 """verl's training loop vs arl's trainer on one FrozenLake set-up (issue 45 item 4): tables and plot.
 
-The two runs (both start from the same format warm-start, `arl.integrations.verl.warm_start`), each
-checkpoint scored on the same 256 levels by ``arl eval`` (verl's merged to Hugging Face first): the
-commands are in benchmarks/README.md, "verl's loop beside arl's trainer". Then
+The runs (one or more under verl's loop and one under arl's trainer, all from the same format
+warm-start, `arl.integrations.verl.warm_start`), each checkpoint scored on the same 256 levels by ``arl
+eval`` (verl's merged to Hugging Face first): the commands are in benchmarks/README.md, "verl's loop
+beside arl's trainer". Then
 
-    .venv/bin/python benchmarks/verl_side_by_side.py --verl-log OUT/verl.log \\
+    .venv/bin/python benchmarks/verl_side_by_side.py --verl NAME=OUT/verl.log [--verl NAME2=LOG2 ...] \\
       --arl-run OUT/arl/verl_side_by_side --evals OUT/evals
 
-Per step, both sides: the training episodes' mean score (verl: ``arl/episode_score``, each episode once,
+Per step, every run: the training episodes' mean score (verl: ``arl/episode_score``, each episode once,
 or ``critic/score/mean``, a mean over rows, in a log from before arl_sync logged it; arl:
 ``rollout/mean_episode_score``; FrozenLake scores 1 for reaching the goal, less a small penalty per
 invalid answer, so with no invalid answer it is the success rate), the invalid-answer fraction
@@ -48,18 +49,19 @@ def arl_evals(run: Path) -> dict[int, float]:
     return {int(r["step"]): float(r["eval/success_rate"]) for r in rows if "eval/success_rate" in r}
 
 
-def checkpoint_evals(evals: Path) -> dict[str, dict[int, float]]:
-    """Validation success per checkpoint, both sides, from ``arl eval --out`` directories under
-    ``evals``: ``warm`` (the shared warm-start, step 0), ``verl-<step>`` (verl's actor merged to HF by
-    ``python -m verl.model_merger merge``), ``arl-<step>`` (arl's ``ckpt_<step>``)."""
-    out: dict[str, dict[int, float]] = {"verl": {}, "arl": {}}
+def checkpoint_evals(evals: Path, sides: list[str]) -> dict[str, dict[int, float]]:
+    """Validation success per checkpoint, every side, from ``arl eval --out`` directories under
+    ``evals``: ``warm`` (the shared warm-start, step 0 of every side), ``<side>-<step>`` (a verl run's
+    actor merged to HF by ``python -m verl.model_merger merge``; arl's ``ckpt_<step>``)."""
+    out: dict[str, dict[int, float]] = {side: {} for side in sides}
     for summary in sorted(evals.glob("*/summary.json")):
         name = summary.parent.name
         rate = json.loads(summary.read_text())["metrics"]["eval/success_rate"]
         if name == "warm":
-            out["verl"][0] = out["arl"][0] = rate
-        elif "-" in name and name.split("-", 1)[0] in out:
-            side, step = name.split("-", 1)
+            for side in sides:
+                out[side][0] = rate
+        elif "-" in name and name.rsplit("-", 1)[0] in out:
+            side, step = name.rsplit("-", 1)
             out[side][int(step)] = rate
     return {side: dict(sorted(points.items())) for side, points in out.items()}
 
@@ -78,19 +80,21 @@ def binned(rows: list[dict[str, float]], width: int, upto: int) -> list[dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--verl-log", type=Path, required=True)
+    parser.add_argument("--verl", action="append", required=True, metavar="NAME=LOG",
+                        help="a verl run: its name in the tables (and its evaluations' prefix) and its console log; repeatable")
     parser.add_argument("--arl-run", type=Path, required=True)
-    parser.add_argument("--evals", type=Path, help="arl eval --out directories of both sides' checkpoints "
-                        "(warm, verl-STEP, arl-STEP): validation success on the same levels")
+    parser.add_argument("--evals", type=Path, help="arl eval --out directories of the checkpoints "
+                        "(warm, NAME-STEP, arl-STEP): validation success on the same levels")
     parser.add_argument("--bin", type=int, default=25, help="steps per row of the table")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     args = parser.parse_args()
-    verl, arl = verl_rows(args.verl_log), arl_rows(args.arl_run)
-    evals = checkpoint_evals(args.evals) if args.evals else {"verl": {}, "arl": {}}
+    runs = {name: verl_rows(Path(log)) for name, log in (v.split("=", 1) for v in args.verl)}
+    runs["arl"] = arl_rows(args.arl_run)
+    evals = checkpoint_evals(args.evals, list(runs)) if args.evals else {side: {} for side in runs}
     if set(evals["arl"]) <= {0}:  # no arl-<step> evaluations: arl's own validations
         evals["arl"] = {**evals["arl"], **arl_evals(args.arl_run)}
-    table = {"verl": binned(verl, args.bin, verl[-1]["step"]), "arl": binned(arl, args.bin, arl[-1]["step"])}
-    result = {"verl": verl, "arl": arl, "evals": evals, "bins": table, "machine": machine(), "note": args.note}
+    table = {side: binned(rows, args.bin, rows[-1]["step"]) for side, rows in runs.items()}
+    result = {"runs": runs, "evals": evals, "bins": table, "machine": machine(), "note": args.note}
     out = RESULTS_DIR / "verl-side-by-side.json"
     out.write_text(json.dumps(result, indent=1))
 
@@ -101,7 +105,8 @@ def main() -> None:
 
     panels = 3 if any(evals.values()) else 2
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))
-    for name, side, rows in (("verl's loop (main_ppo, CPU)", "verl", verl), ("arl's trainer", "arl", arl)):
+    for side, rows in runs.items():
+        name = "arl's trainer" if side == "arl" else f"verl's loop: {side}"
         scores = [r["score"] for r in rows]
         window = [statistics.mean(scores[max(0, i - args.bin + 1): i + 1]) for i in range(len(scores))]
         axes[0].plot([r["step"] for r in rows], window, label=name)
@@ -112,20 +117,22 @@ def main() -> None:
     axes[1].set(xlabel="step", ylabel="seconds per step")
     if panels == 3:
         axes[2].set(xlabel="checkpoint step", ylabel="validation success % (same levels)", ylim=(0, 100))
-    axes[0].legend()
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(RESULTS_DIR / "verl-side-by-side.png", dpi=110)
 
-    print("| steps | verl: score | verl: invalid | verl: s/step (median) | arl: score | arl: invalid | arl: s/step (median) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for v, a in itertools.zip_longest(table["verl"], table["arl"]):  # a side that ran fewer steps: dashes
-        cells = [f"{r['score']:.3f} | {r['invalid_frac']:.2f} | {r['step_s']:.1f}" if r else "– | – | –" for r in (v, a)]
-        print(f"| {(v or a)['steps']} | {cells[0]} | {cells[1]} |")
+    sides = list(runs)
+    print("| steps | " + " | ".join(f"{s}: score | {s}: invalid | {s}: s/step" for s in sides) + " |")
+    print("| --- |" + " --- | --- | --- |" * len(sides))
+    for cells in itertools.zip_longest(*(table[s] for s in sides)):  # a side that ran fewer steps: dashes
+        row = [f"{r['score']:.3f} | {r['invalid_frac']:.2f} | {r['step_s']:.1f}" if r else "– | – | –" for r in cells]
+        label = max((r["steps"] for r in cells if r), key=lambda steps: int(steps.split("-")[1]))  # the fullest bin
+        print(f"| {label} | " + " | ".join(row) + " |")
     if any(evals.values()):
-        steps = sorted(set(evals["verl"]) | set(evals["arl"]))
+        steps = sorted(set().union(*evals.values()))
         print("\n| checkpoint step | " + " | ".join(str(s) for s in steps) + " |")
         print("| --- |" + " --- |" * len(steps))
-        for side in ("verl", "arl"):
+        for side in sides:
             cells = [f"{100 * evals[side][s]:.1f}%" if s in evals[side] else "–" for s in steps]
             print(f"| {side} | " + " | ".join(cells) + " |")
     print(f"wrote {out} and {out.with_suffix('.png')}")

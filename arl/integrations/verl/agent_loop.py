@@ -153,6 +153,10 @@ class ArlAgentLoop(AgentLoopBase):
         self.max_model_len = int(self.rollout_config.prompt_length) + self.response_length
 
     async def run(self, sampling_params: dict[str, Any], **row: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+        if self.arl_rollout.mode == "step" and row.get("session_id") is None:
+            # the legacy worker passes no session id, and takes one output per row: it would fail on the list
+            raise ValueError("ArlAgentLoop's step mode returns a row per turn, which only verl's v1 worker "
+                             "(TransferQueue) takes: set trainer.use_v1=true")
         spec = episode_spec(row)
         top_k = int(sampling_params.get("top_k", -1) or -1)
         manager_config = attrs.evolve(

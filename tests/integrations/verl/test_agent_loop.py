@@ -281,6 +281,15 @@ async def test_step_mode_abnormal_episode_is_masked_out(make_loop, tiny_tokenize
     assert all(o.extra_fields["arl_masked"] and sum(o.response_mask) == 0 and o.response_ids for o in outs)
 
 
+async def test_step_mode_refuses_the_legacy_worker(make_loop, tiny_tokenizer):
+    """verl's legacy worker (no session id, ``priority`` instead) takes one output per row."""
+    loop, server = make_loop(ScriptedEngine(tiny_tokenizer, seed=1), STEP)
+    legacy = {k: v for k, v in row(0).items() if k != "session_id"}
+    with pytest.raises(ValueError, match="use_v1"):
+        await loop.run({"temperature": 1.0}, **legacy, priority=0)
+    assert server.calls == []
+
+
 def test_rollout_config_modes():
     from arl.integrations.verl.agent_loop import rollout_config
 
