@@ -125,8 +125,10 @@ def main() -> None:
     print("| steps | " + " | ".join(f"{s}: score | {s}: invalid | {s}: s/step" for s in sides) + " |")
     print("| --- |" + " --- | --- | --- |" * len(sides))
     for cells in itertools.zip_longest(*(table[s] for s in sides)):  # a side that ran fewer steps: dashes
-        row = [f"{r['score']:.3f} | {r['invalid_frac']:.2f} | {r['step_s']:.1f}" if r else "– | – | –" for r in cells]
         label = max((r["steps"] for r in cells if r), key=lambda steps: int(steps.split("-")[1]))  # the fullest bin
+        # a run that stopped inside the bin says which of its steps the cell averages
+        row = [f"{r['score']:.3f}{'' if r['steps'] == label else ' (steps ' + r['steps'] + ')'} | "
+               f"{r['invalid_frac']:.2f} | {r['step_s']:.1f}" if r else "– | – | –" for r in cells]
         print(f"| {label} | " + " | ".join(row) + " |")
     if any(evals.values()):
         steps = sorted(set().union(*evals.values()))
